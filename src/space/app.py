@@ -1,0 +1,46 @@
+"""create_app(settings) -> Litestar. Nothing is built at import time."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+
+from litestar import Litestar
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
+
+from space.auth.deps import DEPENDENCIES
+from space.config import Settings
+from space.db import Database, app_url
+from space.errors import EXCEPTION_HANDLERS
+from space.orgs.routes import router as orgs_router
+from space.projects.routes import router as projects_router
+from space.system import health, me
+from space.tickets.routes import router as tickets_router
+
+MAX_BODY_BYTES = 1024 * 1024
+
+
+def create_app(settings: Settings) -> Litestar:
+    """Build the API. `settings.database_url` must be set (the CLI starts the embedded server first)."""
+    assert settings.database_url, "create_app needs a database URL"
+    owner_url = settings.database_url
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncGenerator[None, None]:
+        db = Database(app_url(owner_url, settings.app_database_url), application_name="space-api")
+        app.state.db = db
+        app.state.settings = settings
+        try:
+            yield
+        finally:
+            await db.dispose()
+
+    return Litestar(
+        route_handlers=[health, me, orgs_router, projects_router, tickets_router],
+        dependencies=DEPENDENCIES,
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=[lifespan],
+        request_max_body_size=MAX_BODY_BYTES,
+        openapi_config=OpenAPIConfig(title="Space", version="1", path="/schema", render_plugins=[JsonRenderPlugin()]),
+    )

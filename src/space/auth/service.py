@@ -1,0 +1,77 @@
+"""Users, tokens, and who is calling: the principal, and their membership in the org of the request."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from space.auth.models import ApiToken, User
+from space.auth.tokens import hash_token, new_token
+from space.errors import Conflict, NotFound, Unauthenticated
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller."""
+
+    user_id: uuid.UUID
+    email: str
+    name: str
+
+
+async def authenticate(session: AsyncSession, authorization: str | None) -> Principal:
+    """Resolve `Authorization: Bearer <token>` to a user; anything else is 401."""
+    if not authorization:
+        raise Unauthenticated("Missing bearer token.")
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or len(token) > 200:
+        raise Unauthenticated("Expected 'Authorization: Bearer <token>'.")
+    row = (
+        await session.execute(
+            select(User.id, User.email, User.name)
+            .join(ApiToken, ApiToken.user_id == User.id)
+            .where(ApiToken.token_hash == hash_token(token), ApiToken.revoked_at.is_(None))
+        )
+    ).one_or_none()
+    if row is None:
+        raise Unauthenticated("Unknown or revoked token.")
+    return Principal(user_id=row.id, email=row.email, name=row.name)
+
+
+async def create_user(session: AsyncSession, email: str, name: str) -> User:
+    """Add a user; the email is stored lower-cased and must be new."""
+    email = email.strip().lower()
+    if (await session.execute(select(User.id).where(User.email == email))).first():
+        raise Conflict(f"A user with email {email} already exists.")
+    user = User(id=uuid.uuid4(), email=email, name=name.strip())
+    session.add(user)
+    await session.flush()
+    return user
+
+
+async def user_by_email(session: AsyncSession, email: str) -> User:
+    """The user with this email, or NotFound."""
+    user = (await session.execute(select(User).where(User.email == email.strip().lower()))).scalar_one_or_none()
+    if user is None:
+        raise NotFound(f"No user with email {email}.")
+    return user
+
+
+async def issue_token(session: AsyncSession, user_id: uuid.UUID) -> str:
+    """Create a token for the user and return it; only its hash is stored."""
+    token = new_token()
+    session.add(ApiToken(id=uuid.uuid4(), user_id=user_id, token_hash=hash_token(token)))
+    await session.flush()
+    return token
+
+
+async def revoke_tokens(session: AsyncSession, user_id: uuid.UUID) -> int:
+    """Revoke every live token of the user; returns how many."""
+    result = await session.execute(
+        update(ApiToken).where(ApiToken.user_id == user_id, ApiToken.revoked_at.is_(None)).values(revoked_at=func.now())
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]

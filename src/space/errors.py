@@ -1,0 +1,168 @@
+"""One error tree with stable machine codes, mapped to RFC 9457 problem+json in one place."""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any, ClassVar
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.types import ExceptionHandlersMap
+
+log = logging.getLogger("space")
+
+PROBLEM_JSON = "application/problem+json"
+
+
+class SpaceError(Exception):
+    """Base of every refusal Space answers on purpose. Subclasses fix status and code."""
+
+    status: ClassVar[int] = 400
+    code: ClassVar[str] = "bad_request"
+    title: ClassVar[str] = "Bad request"
+
+    def __init__(self, detail: str | None = None, *, headers: dict[str, str] | None = None, **extra: Any):
+        super().__init__(detail or self.title)
+        self.detail = detail or self.title
+        self.headers = headers or {}
+        self.extra = extra
+
+
+class InvalidRequest(SpaceError):
+    status, code, title = 400, "invalid_request", "Invalid request"
+
+
+class Unauthenticated(SpaceError):
+    status, code, title = 401, "unauthenticated", "Authentication required"
+
+
+class Forbidden(SpaceError):
+    status, code, title = 403, "forbidden", "Forbidden"
+
+
+class AccessRevoked(SpaceError):
+    status, code, title = 403, "access_revoked", "Access revoked"
+
+
+class NotFound(SpaceError):
+    status, code, title = 404, "not_found", "Not found"
+
+
+class Conflict(SpaceError):
+    status, code, title = 409, "conflict", "Conflict"
+
+
+class AlreadyMember(Conflict):
+    code, title = "already_member", "Already a member"
+
+
+class LastOwner(Conflict):
+    code, title = "last_owner", "An organization needs an owner"
+
+
+class InvalidTransition(Conflict):
+    code, title = "invalid_transition", "Transition not allowed"
+
+
+class OrgSuspended(Conflict):
+    code, title = "org_suspended", "Organization is suspended"
+
+
+class OrgDeleting(Conflict):
+    code, title = "org_deleting", "Organization is being deleted"
+
+
+class FinalExportRecommended(Conflict):
+    code, title = "final_export_recommended", "Take a final snapshot export first"
+
+
+class ExportNotReady(Conflict):
+    code, title = "export_not_ready", "Export is not ready"
+
+
+class ExportFailed(Conflict):
+    code, title = "export_failed", "Export failed"
+
+
+class ExportExpired(SpaceError):
+    status, code, title = 410, "export_expired", "Export expired"
+
+
+class RateLimited(SpaceError):
+    status, code, title = 429, "export_rate_limited", "Too many exports"
+
+
+class Problem(msgspec.Struct, omit_defaults=True):
+    """RFC 9457 body; `code` is the machine-readable reason."""
+
+    status: int
+    title: str
+    detail: str
+    code: str
+    type: str = "about:blank"
+    errors: list[dict[str, Any]] | None = None
+    errorCode: str | None = None
+
+
+def problem(
+    status: int,
+    code: str,
+    title: str,
+    detail: str,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> Response[Problem]:
+    """Build the one problem+json response shape."""
+    return Response(
+        Problem(status=status, title=title, detail=detail, code=code, **extra),
+        status_code=status,
+        media_type=PROBLEM_JSON,
+        headers=headers,
+    )
+
+
+# Litestar's own HTTP errors (routing, body size, methods) get codes by status.
+_CODES_BY_STATUS = {
+    400: "invalid_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def _space_error(_: Request[Any, Any, Any], exc: SpaceError) -> Response[Problem]:
+    return problem(exc.status, exc.code, exc.title, exc.detail, exc.headers, **exc.extra)
+
+
+def _validation_error(_: Request[Any, Any, Any], exc: ValidationException) -> Response[Problem]:
+    errors = exc.extra if isinstance(exc.extra, list) else []
+    fields = [e for e in errors if isinstance(e, dict)]
+    detail = "; ".join(f"{e.get('key') or 'body'}: {e.get('message')}" for e in fields) or exc.detail
+    return problem(400, "invalid_request", "Invalid request", detail, errors=fields or None)
+
+
+def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Problem]:
+    status = exc.status_code
+    if status >= 500:
+        log.error("internal error: %s", exc.detail)
+    code = _CODES_BY_STATUS.get(status, "error" if status >= 500 else "bad_request")
+    title = HTTPStatus(status).phrase
+    return problem(status, code, title, exc.detail or title, dict(exc.headers or {}))
+
+
+def _unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[Problem]:
+    log.exception("unhandled error", exc_info=exc)
+    return problem(500, "internal_error", "Internal Server Error", "An unexpected error occurred.")
+
+
+EXCEPTION_HANDLERS: ExceptionHandlersMap = {
+    SpaceError: _space_error,
+    ValidationException: _validation_error,
+    HTTPException: _http_error,
+    Exception: _unexpected,
+}

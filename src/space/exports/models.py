@@ -1,0 +1,63 @@
+"""The export ledger and its stored result chunks."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import uuid
+from typing import Any
+
+from sqlalchemy import ForeignKey
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from space.db.base import Base, created_at, uuid_pk
+
+
+class ExportState(enum.StrEnum):
+    """States of an export job (SPEC §5)."""
+
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class ExportJob(Base):
+    """The ledger row of one export. SAQ's job row is transport only; this row is the truth."""
+
+    __tablename__ = "export_jobs"
+    id: Mapped[uuid.UUID] = uuid_pk()
+    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    creator_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"))
+    kind: Mapped[str]
+    state: Mapped[str] = mapped_column(default=ExportState.queued.value)
+    progress: Mapped[int] = mapped_column(default=0)
+    error_code: Mapped[str | None]
+    filters: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    delimiter: Mapped[str] = mapped_column(default=",")
+    scope: Mapped[str]
+    attempt: Mapped[int] = mapped_column(default=0)
+    execution_id: Mapped[uuid.UUID | None]
+    lease_expires_at: Mapped[dt.datetime | None]
+    created_at: Mapped[dt.datetime] = created_at()
+    started_at: Mapped[dt.datetime | None]
+    snapshot_at: Mapped[dt.datetime | None]
+    completed_at: Mapped[dt.datetime | None]
+    expires_at: Mapped[dt.datetime | None]
+    purged_at: Mapped[dt.datetime | None]
+    row_count: Mapped[int | None]
+    byte_size: Mapped[int | None]
+    sha256: Mapped[str | None]
+
+
+class ExportChunk(Base):
+    """One piece of an execution's bytes; only the published execution's chunks are ever served."""
+
+    __tablename__ = "export_chunks"
+    export_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("export_jobs.id"), primary_key=True)
+    execution_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    seq: Mapped[int] = mapped_column(primary_key=True)
+    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    data: Mapped[bytes]

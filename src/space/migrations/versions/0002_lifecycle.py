@@ -1,0 +1,21 @@
+"""lifecycle: privileged cross-org functions and whatever else this issue needs.
+
+Revision ID: 0002
+Revises: 0001
+Create Date: 2026-11-29
+"""
+
+from alembic import op  # noqa: F401
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    pass
+
+
+def downgrade() -> None:
+    pass

@@ -1,0 +1,164 @@
+"""Organizations and memberships: creation, listing, the org lock, and the member rules."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from space.auth.deps import MemberContext
+from space.auth.models import User
+from space.auth.service import Principal, user_by_email
+from space.db import Tenant, UnitOfWork
+from space.errors import AlreadyMember, Forbidden, LastOwner, NotFound
+from space.orgs.models import Membership, Organization, OrgState, Role
+from space.orgs.schemas import Member, MemberCreate, Org
+from space.tickets.models import TicketCounter
+
+
+def org_out(org: Organization) -> Org:
+    """The API shape of an org."""
+    return Org(
+        id=org.id,
+        name=org.name,
+        state=OrgState(org.state),
+        created_at=org.created_at,
+        delete_after=org.delete_after,
+    )
+
+
+async def lock_org(session: AsyncSession, org_id: uuid.UUID) -> Organization:
+    """Take the org lock (its row, FOR UPDATE): membership changes, lifecycle and export publish order on it."""
+    org = (
+        await session.execute(
+            select(Organization)
+            .where(Organization.id == org_id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+    ).scalar_one_or_none()
+    if org is None:
+        raise NotFound()
+    return org
+
+
+async def create_org(uow: UnitOfWork, principal: Principal, name: str) -> Org:
+    """Create an org with the caller as its owner."""
+    org_id = uuid.uuid4()
+    await uow.retenant(Tenant(org_id=org_id, user_id=principal.user_id))
+    org = Organization(id=org_id, name=name.strip(), state=OrgState.active.value)
+    uow.session.add(org)
+    await uow.session.flush()
+    uow.session.add(Membership(id=uuid.uuid4(), org_id=org_id, user_id=principal.user_id, role=Role.owner.value))
+    uow.session.add(TicketCounter(org_id=org_id, last_number=0))
+    await uow.session.flush()
+    await uow.session.refresh(org)
+    return org_out(org)
+
+
+async def list_orgs(uow: UnitOfWork) -> list[Org]:
+    """Orgs where the caller (the tenant's user) is a member; RLS scopes both tables to them."""
+    rows = await uow.session.execute(
+        select(Organization)
+        .join(Membership, Membership.org_id == Organization.id)
+        .where(Membership.user_id == uow.tenant.user_id, Organization.state != OrgState.deleted.value)
+        .order_by(Organization.created_at, Organization.id)
+    )
+    return [org_out(o) for o in rows.scalars()]
+
+
+def _member_out(m: Membership, u: User) -> Member:
+    return Member(id=m.id, user_id=u.id, email=u.email, name=u.name, role=Role(m.role), created_at=m.created_at)
+
+
+async def list_members(ctx: MemberContext) -> list[Member]:
+    """Every member of the org, oldest first."""
+    rows = await ctx.uow.session.execute(
+        select(Membership, User)
+        .join(User, User.id == Membership.user_id)
+        .where(Membership.org_id == ctx.org.id)
+        .order_by(Membership.created_at, Membership.id)
+    )
+    return [_member_out(m, u) for m, u in rows.all()]
+
+
+async def add_member(ctx: MemberContext, data: MemberCreate) -> Member:
+    """Add an existing user by email; only owners may add owners."""
+    _ensure_may_grant(ctx, data.role)
+    session = ctx.uow.session
+    await lock_org(session, ctx.org.id)
+    user = await user_by_email(session, data.email)
+    if await _membership_of(session, ctx.org.id, user.id) is not None:
+        raise AlreadyMember(f"{user.email} is already a member.")
+    m = Membership(id=uuid.uuid4(), org_id=ctx.org.id, user_id=user.id, role=data.role.value)
+    session.add(m)
+    await session.flush()
+    await session.refresh(m)
+    return _member_out(m, user)
+
+
+async def change_role(ctx: MemberContext, user_id: uuid.UUID, role: Role) -> Member:
+    """Change a member's role under the org lock (ordered against export publishes)."""
+    session = ctx.uow.session
+    await lock_org(session, ctx.org.id)
+    m = await _target(ctx, user_id)
+    _ensure_may_grant(ctx, role)
+    if m.role == Role.owner and role is not Role.owner:
+        await _ensure_not_last_owner(session, ctx.org.id)
+    m.role = role.value
+    await session.flush()
+    user = await session.get_one(User, user_id)
+    return _member_out(m, user)
+
+
+async def remove_member(ctx: MemberContext, user_id: uuid.UUID) -> None:
+    """Remove a member under the org lock; the last owner stays."""
+    session = ctx.uow.session
+    await lock_org(session, ctx.org.id)
+    m = await _target(ctx, user_id)
+    if m.role == Role.owner:
+        await _ensure_not_last_owner(session, ctx.org.id)
+    await session.delete(m)
+    await session.flush()
+
+
+async def _membership_of(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID) -> Membership | None:
+    return (
+        await session.execute(
+            select(Membership)
+            .where(Membership.org_id == org_id, Membership.user_id == user_id)
+            .execution_options(populate_existing=True)
+        )
+    ).scalar_one_or_none()
+
+
+async def _target(ctx: MemberContext, user_id: uuid.UUID) -> Membership:
+    m = await _membership_of(ctx.uow.session, ctx.org.id, user_id)
+    if m is None:
+        raise NotFound()
+    if m.role == Role.owner and ctx.role is not Role.owner:
+        raise Forbidden("Only owners can change or remove owners.")
+    return m
+
+
+def _ensure_may_grant(ctx: MemberContext, role: Role) -> None:
+    if role is Role.owner and ctx.role is not Role.owner:
+        raise Forbidden("Only owners can make owners.")
+
+
+async def _ensure_not_last_owner(session: AsyncSession, org_id: uuid.UUID) -> None:
+    owners = await session.scalar(
+        select(func.count())
+        .select_from(Membership)
+        .where(Membership.org_id == org_id, Membership.role == Role.owner.value)
+    )
+    if (owners or 0) <= 1:
+        raise LastOwner("The last owner can't be removed or demoted.")
+
+
+async def member_roles(session: AsyncSession, org_id: uuid.UUID) -> Sequence[tuple[uuid.UUID, str]]:
+    """(membership id, role) of every member; used to validate assignees."""
+    rows = await session.execute(select(Membership.id, Membership.role).where(Membership.org_id == org_id))
+    return [(r.id, r.role) for r in rows]

@@ -1,0 +1,38 @@
+"""Projects (versioned, soft-deleted) and their tasks."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+from sqlalchemy import ForeignKey
+from sqlalchemy.orm import Mapped, mapped_column
+
+from space.db.base import Base, created_at, updated_at, uuid_pk
+
+
+class Project(Base):
+    """A project; `version` counts its edits, `deleted_at` marks a soft delete."""
+
+    __tablename__ = "projects"
+    id: Mapped[uuid.UUID] = uuid_pk()
+    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    name: Mapped[str]
+    version: Mapped[int] = mapped_column(default=1)
+    deleted_at: Mapped[dt.datetime | None]
+    created_at: Mapped[dt.datetime] = created_at()
+    updated_at: Mapped[dt.datetime] = updated_at()
+
+
+class Task(Base):
+    """A task of a project."""
+
+    __tablename__ = "tasks"
+    id: Mapped[uuid.UUID] = uuid_pk()
+    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id"))
+    title: Mapped[str]
+    status: Mapped[str] = mapped_column(default="todo")
+    due_date: Mapped[dt.date | None]
+    created_at: Mapped[dt.datetime] = created_at()
+    updated_at: Mapped[dt.datetime] = updated_at()

@@ -1,0 +1,5 @@
+"""Routes."""
+
+from litestar import Router
+
+router = Router(path="/", route_handlers=[])

@@ -1,0 +1,108 @@
+"""Test helpers: users with tokens, an API caller, org set-up through the API."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from httpx import Response
+from litestar.testing import AsyncTestClient
+
+from space.auth import service as auth
+from space.db import Database, UnitOfWork
+
+
+@dataclass(frozen=True)
+class TestUser:
+    """A user and a working token."""
+
+    id: uuid.UUID
+    email: str
+    name: str
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Authorization header for this user."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+class UserFactory:
+    """Creates users through the real service, as the app role."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def make(self, name: str = "user") -> TestUser:
+        """A new user with a fresh token."""
+        email = f"{name}-{uuid.uuid4().hex[:8]}@example.test"
+        async with UnitOfWork(self.db.sessionmaker) as uow:
+            user = await auth.create_user(uow.session, email, name)
+            token = await auth.issue_token(uow.session, user.id)
+        return TestUser(user.id, user.email, user.name, token)
+
+
+@dataclass
+class Org:
+    """An org made through the API, with one user per role."""
+
+    id: str
+    owner: TestUser
+    admin: TestUser
+    member: TestUser
+    customer: TestUser
+    customer2: TestUser
+    memberships: dict[str, str]
+
+    def path(self, suffix: str = "") -> str:
+        """/orgs/{id}{suffix}."""
+        return f"/orgs/{self.id}{suffix}"
+
+
+class Api:
+    """Calls the API as a user and checks problem bodies."""
+
+    def __init__(self, client: AsyncTestClient, users: UserFactory) -> None:  # type: ignore[type-arg]
+        self.client = client
+        self.users = users
+
+    async def call(self, method: str, path: str, user: TestUser | None = None, **kw: Any) -> Response:
+        """Send a request, authenticated as `user` when given."""
+        headers = dict(kw.pop("headers", {}) or {})
+        if user is not None:
+            headers.update(user.headers)
+        return await self.client.request(method, path, headers=headers, **kw)
+
+    async def org(self, name: str = "Acme") -> Org:
+        """An org with owner, admin, member and two customers."""
+        owner = await self.users.make("owner")
+        r = await self.call("POST", "/orgs", owner, json={"name": name})
+        assert r.status_code == 201, r.text
+        org_id = r.json()["id"]
+        people = {"owner": owner}
+        memberships: dict[str, str] = {}
+        for role, key in [
+            ("admin", "admin"),
+            ("member", "member"),
+            ("customer", "customer"),
+            ("customer", "customer2"),
+        ]:
+            u = await self.users.make(key)
+            r = await self.call("POST", f"/orgs/{org_id}/members", owner, json={"email": u.email, "role": role})
+            assert r.status_code == 201, r.text
+            people[key] = u
+            memberships[key] = r.json()["id"]
+        r = await self.call("GET", f"/orgs/{org_id}/members", owner)
+        memberships["owner"] = next(m["id"] for m in r.json()["items"] if m["role"] == "owner")
+        return Org(org_id, memberships=memberships, **people)  # type: ignore[arg-type]
+
+
+def assert_problem(r: Response, status: int, code: str) -> dict[str, Any]:
+    """The response is problem+json with this status and code; returns the body."""
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/problem+json"), r.headers
+    body: dict[str, Any] = r.json()
+    assert body["code"] == code, body
+    assert body["status"] == status and body["title"] and body["detail"], body
+    return body
