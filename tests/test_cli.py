@@ -1,0 +1,122 @@
+"""The `space` command as a user runs it: a real subprocess against the test database."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from asyncio.subprocess import PIPE
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import Api
+
+SPACE = str(Path(sys.executable).with_name("space"))
+
+
+def _env(owner_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
+    return {**env, "DATABASE_URL": owner_url, **extra}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_users_add_prints_a_working_token(owner_url: str) -> None:
+    email = f"cli-{os.getpid()}-{time.monotonic_ns()}@example.test"
+    out = subprocess.run(
+        [SPACE, "users", "add", email, "--name", "Cli User"], env=_env(owner_url), capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    token = out.stdout.strip().splitlines()[-1]
+    assert token.startswith("spc_") and len(token) >= 43
+    port = _free_port()
+    # The token works against a real API process, and `tokens revoke` ends it.
+    with _running(owner_url, port, "api"):
+        r = httpx.get(f"http://127.0.0.1:{port}/me", headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and r.json()["email"] == email
+        rev = subprocess.run([SPACE, "tokens", "revoke", email], env=_env(owner_url), capture_output=True, text=True)
+        assert rev.returncode == 0 and "revoked 1" in rev.stdout, rev
+        r = httpx.get(f"http://127.0.0.1:{port}/me", headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
+
+
+def test_users_add_twice_is_a_clear_error(owner_url: str) -> None:
+    email = f"dup-{time.monotonic_ns()}@example.test"
+    first = subprocess.run([SPACE, "users", "add", email, "--name", "A"], env=_env(owner_url), capture_output=True)
+    assert first.returncode == 0
+    again = subprocess.run(
+        [SPACE, "users", "add", email, "--name", "A"], env=_env(owner_url), capture_output=True, text=True
+    )
+    assert again.returncode != 0 and "already exists" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_invalid_setting_stops_startup_naming_the_variable(owner_url: str) -> None:
+    out = subprocess.run(
+        [SPACE, "migrate"], env=_env(owner_url, SPACE_EXPORT_ROW_LIMIT="lots"), capture_output=True, text=True
+    )
+    assert out.returncode != 0 and "SPACE_EXPORT_ROW_LIMIT" in out.stderr
+    out = subprocess.run([SPACE, "migrate"], env=_env(owner_url, SPACE_PROT="1"), capture_output=True, text=True)
+    assert out.returncode != 0 and "SPACE_PROT" in out.stderr
+
+
+def test_space_up_answers_health_and_stops(owner_url: str) -> None:
+    port = _free_port()
+    with _running(owner_url, port, "up") as proc:
+        r = httpx.get(f"http://127.0.0.1:{port}/health")
+        assert r.status_code == 200 and r.json() == {"status": "ok", "database": "ok"}
+    assert proc.returncode == 0, proc.stdout.read().decode() if proc.stdout else ""
+
+
+async def test_demo_makes_two_orgs_with_every_role(owner_url: str, api: Api) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        SPACE, "demo", "--tickets", "50", "--tasks", "10", env=_env(owner_url), stdout=PIPE, stderr=PIPE
+    )
+    stdout, stderr = await proc.communicate()
+    assert proc.returncode == 0, stderr.decode()
+    rows = [line.split() for line in stdout.decode().splitlines() if line.startswith("  ")]
+    assert {(r[0], r[1]) for r in rows} >= {("North", "owner"), ("South", "customer2")}
+    north_owner = next(r[3] for r in rows if r[:2] == ["North", "owner"])
+    r = await api.client.get("/orgs", headers={"Authorization": f"Bearer {north_owner}"})
+    names = [o["name"] for o in r.json()["items"]]
+    assert "North" in names and "South" not in names
+
+
+class _running:
+    """Start `space <cmd>` on a port, wait until /health answers (bounded), stop it with SIGTERM on exit."""
+
+    def __init__(self, owner_url: str, port: int, cmd: str) -> None:
+        self.args = [SPACE, cmd]
+        self.env = _env(owner_url, SPACE_PORT=str(port))
+        self.url = f"http://127.0.0.1:{port}/health"
+
+    def __enter__(self) -> subprocess.Popen[bytes]:
+        self.proc = subprocess.Popen(self.args, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"space exited early: {self.proc.stdout.read().decode() if self.proc.stdout else ''}")
+            try:
+                httpx.get(self.url, timeout=1)
+                return self.proc
+            except httpx.TransportError:
+                time.sleep(0.1)  # polling a real state (the port accepting), bounded by the deadline
+        self.proc.kill()
+        pytest.fail("space did not answer /health within 30 s")
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
