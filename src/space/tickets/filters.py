@@ -54,7 +54,12 @@ def parse_filters(raw: dict[str, Any]) -> TicketFilters:
     try:
         return msgspec.convert(raw, TicketFilters, strict=False)
     except msgspec.ValidationError as exc:
-        raise InvalidRequest(str(exc)) from None
+        # Same shape as Litestar's own validation errors: "field: message" plus an errors list.
+        message, _, path = str(exc).rpartition(" - at `$")
+        field = path.rstrip("`").lstrip(".") if message else ""
+        if not field:
+            raise InvalidRequest(f"filters: {exc}") from None
+        raise InvalidRequest(f"{field}: {message}", errors=[{"key": field, "message": message}]) from None
 
 
 def _like_escape(q: str) -> str:

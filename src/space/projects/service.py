@@ -1,0 +1,133 @@
+"""Projects (renamed with a version bump, soft-deleted) and their tasks, always within the caller's org."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import func, select, update
+
+from space.auth.deps import MemberContext
+from space.errors import NotFound
+from space.projects import models
+from space.projects.schemas import Project, ProjectCreate, Task, TaskCreate, TaskStatus
+
+
+def project_out(p: models.Project) -> Project:
+    """The API shape of a project."""
+    return Project(id=p.id, name=p.name, version=p.version, created_at=p.created_at, updated_at=p.updated_at)
+
+
+def task_out(t: models.Task) -> Task:
+    """The API shape of a task."""
+    return Task(
+        id=t.id,
+        project_id=t.project_id,
+        title=t.title,
+        status=TaskStatus(t.status),
+        due_date=t.due_date,
+        created_at=t.created_at,
+        updated_at=t.updated_at,
+    )
+
+
+async def create_project(ctx: MemberContext, data: ProjectCreate) -> Project:
+    """Create a project at version 1."""
+    p = models.Project(id=uuid.uuid4(), org_id=ctx.org.id, name=data.name.strip(), version=1)
+    ctx.uow.session.add(p)
+    await ctx.uow.session.flush()
+    await ctx.uow.session.refresh(p)
+    return project_out(p)
+
+
+async def list_projects(ctx: MemberContext) -> list[Project]:
+    """Live projects, oldest first."""
+    rows = await ctx.uow.session.execute(
+        select(models.Project)
+        .where(models.Project.org_id == ctx.org.id, models.Project.deleted_at.is_(None))
+        .order_by(models.Project.created_at, models.Project.id)
+    )
+    return [project_out(p) for p in rows.scalars()]
+
+
+async def get_project(ctx: MemberContext, project_id: uuid.UUID) -> Project:
+    """One live project of the org; deleted, unknown and other orgs' projects are all 404."""
+    return project_out(await _live_project(ctx, project_id))
+
+
+async def rename_project(ctx: MemberContext, project_id: uuid.UUID, name: str) -> Project:
+    """Rename a live project; one UPDATE bumps `version`, so concurrent renames never lose a count."""
+    p = (
+        await ctx.uow.session.execute(
+            update(models.Project)
+            .where(
+                models.Project.id == project_id,
+                models.Project.org_id == ctx.org.id,
+                models.Project.deleted_at.is_(None),
+            )
+            .values(name=name.strip(), version=models.Project.version + 1, updated_at=func.now())
+            .returning(models.Project)
+            .execution_options(populate_existing=True)
+        )
+    ).scalar_one_or_none()
+    if p is None:
+        raise NotFound()
+    return project_out(p)
+
+
+async def delete_project(ctx: MemberContext, project_id: uuid.UUID) -> None:
+    """Soft-delete a live project: its row (and its tasks) stay, hidden from every read."""
+    result = await ctx.uow.session.execute(
+        update(models.Project)
+        .where(
+            models.Project.id == project_id,
+            models.Project.org_id == ctx.org.id,
+            models.Project.deleted_at.is_(None),
+        )
+        .values(deleted_at=func.now(), updated_at=func.now())
+        .returning(models.Project.id)
+    )
+    if result.first() is None:
+        raise NotFound()
+
+
+async def create_task(ctx: MemberContext, project_id: uuid.UUID, data: TaskCreate) -> Task:
+    """Add a task to a live project."""
+    # FOR SHARE: a concurrent soft delete either waits for this insert or is seen before it.
+    await _live_project(ctx, project_id, lock=True)
+    t = models.Task(
+        id=uuid.uuid4(),
+        org_id=ctx.org.id,
+        project_id=project_id,
+        title=data.title.strip(),
+        status=data.status.value,
+        due_date=data.due_date,
+    )
+    ctx.uow.session.add(t)
+    await ctx.uow.session.flush()
+    await ctx.uow.session.refresh(t)
+    return task_out(t)
+
+
+async def list_tasks(ctx: MemberContext, project_id: uuid.UUID) -> list[Task]:
+    """Tasks of a live project, oldest first."""
+    await _live_project(ctx, project_id)
+    rows = await ctx.uow.session.execute(
+        select(models.Task)
+        .where(models.Task.org_id == ctx.org.id, models.Task.project_id == project_id)
+        .order_by(models.Task.created_at, models.Task.id)
+    )
+    return [task_out(t) for t in rows.scalars()]
+
+
+async def _live_project(ctx: MemberContext, project_id: uuid.UUID, *, lock: bool = False) -> models.Project:
+    stmt = select(models.Project).where(
+        models.Project.id == project_id,
+        models.Project.org_id == ctx.org.id,
+        models.Project.deleted_at.is_(None),
+    )
+    if lock:
+        stmt = stmt.with_for_update(read=True)
+    p = (await ctx.uow.session.execute(stmt)).scalar_one_or_none()
+    if p is None:
+        raise NotFound()
+    return p

@@ -1,0 +1,119 @@
+"""Tickets: numbered per org, listed through the shared filter builder, triaged by staff."""
+
+from __future__ import annotations
+
+import uuid
+
+from msgspec import UnsetType
+from sqlalchemy import func, select, text, update
+
+from space.auth.deps import MemberContext
+from space.errors import InvalidRequest, NotFound
+from space.orgs.models import Role
+from space.orgs.service import member_roles
+from space.tickets import models
+from space.tickets.filters import Priority, TicketFilters, TicketStatus, ticket_conditions
+from space.tickets.schemas import Ticket, TicketCreate, TicketPage, TicketUpdate
+
+# Row-locks the org's counter until commit, so concurrent creates in one org queue here and get 1..n.
+_NEXT_NUMBER = text(
+    "UPDATE ticket_counters SET last_number = last_number + 1 WHERE org_id = :org RETURNING last_number"
+)
+_MAX_NUMBER = 2**31 - 1  # the column is a PostgreSQL integer
+
+
+def ticket_out(t: models.Ticket) -> Ticket:
+    """The API shape of a ticket."""
+    return Ticket(
+        number=t.number,
+        title=t.title,
+        body=t.body,
+        status=TicketStatus(t.status),
+        priority=Priority(t.priority),
+        creator_id=t.creator_id,
+        assignee_id=t.assignee_id,
+        created_at=t.created_at,
+        updated_at=t.updated_at,
+    )
+
+
+def parse_number(value: str) -> int:
+    """A ticket number from the path; anything that can't be one is answered like an unknown one (404)."""
+    if not (value.isascii() and value.isdigit()) or len(value) > 10 or not 1 <= int(value) <= _MAX_NUMBER:
+        raise NotFound()
+    return int(value)
+
+
+async def create_ticket(ctx: MemberContext, data: TicketCreate) -> Ticket:
+    """Open a ticket as the caller, with the org's next number."""
+    session = ctx.uow.session
+    number = (await session.execute(_NEXT_NUMBER, {"org": ctx.org.id})).scalar_one_or_none()
+    if number is None:
+        # Every org gets its counter row in the transaction that creates it.
+        raise RuntimeError(f"ticket counter missing for org {ctx.org.id}")
+    t = models.Ticket(
+        id=uuid.uuid4(),
+        org_id=ctx.org.id,
+        number=number,
+        title=data.title.strip(),
+        body=data.body,
+        priority=data.priority.value,
+        status=TicketStatus.open.value,
+        creator_id=ctx.principal.user_id,
+    )
+    session.add(t)
+    await session.flush()
+    await session.refresh(t)
+    return ticket_out(t)
+
+
+async def list_tickets(ctx: MemberContext, filters: TicketFilters, page: int, page_size: int) -> TicketPage:
+    """One page of the tickets the caller may see (RLS narrows customers to their own), by number."""
+    membership_id = ctx.membership.id if ctx.membership else None
+    conds = [models.Ticket.org_id == ctx.org.id, *ticket_conditions(filters, membership_id)]
+    session = ctx.uow.session
+    total = await session.scalar(select(func.count()).select_from(models.Ticket).where(*conds))
+    rows = await session.execute(
+        select(models.Ticket)
+        .where(*conds)
+        .order_by(models.Ticket.number)
+        .offset((page - 1) * page_size)
+        .limit(page_size)
+    )
+    items = [ticket_out(t) for t in rows.scalars()]
+    return TicketPage(items=items, total=total or 0, page=page, page_size=page_size)
+
+
+async def update_ticket(ctx: MemberContext, number: int, data: TicketUpdate) -> Ticket:
+    """Change status, priority or assignee; only the fields given change, and `updatedAt` always moves."""
+    session = ctx.uow.session
+    values: dict[str, object] = {"updated_at": func.now()}
+    if not isinstance(data.status, UnsetType):
+        values["status"] = data.status.value
+    if not isinstance(data.priority, UnsetType):
+        values["priority"] = data.priority.value
+    if not isinstance(data.assignee_id, UnsetType):
+        if data.assignee_id is not None:
+            await _ensure_assignable(ctx, data.assignee_id)
+        values["assignee_id"] = data.assignee_id
+    t = (
+        await session.execute(
+            update(models.Ticket)
+            .where(models.Ticket.org_id == ctx.org.id, models.Ticket.number == number)
+            .values(**values)
+            .returning(models.Ticket)
+            .execution_options(populate_existing=True)
+        )
+    ).scalar_one_or_none()
+    if t is None:
+        raise NotFound()
+    return ticket_out(t)
+
+
+async def _ensure_assignable(ctx: MemberContext, membership_id: uuid.UUID) -> None:
+    roles = dict(await member_roles(ctx.uow.session, ctx.org.id))
+    role = roles.get(membership_id)
+    if role is None:
+        raise InvalidRequest("assigneeId: not a membership id of this organization.")
+    if role == Role.customer:
+        raise InvalidRequest("assigneeId: tickets are assigned to staff, not customers.")

@@ -1,0 +1,294 @@
+"""Tickets over HTTP: numbering, roles, customer scope (RLS), filters, pagination, triage, IDOR, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from litestar.testing import transport as litestar_transport
+
+from tests.helpers import Api, Org, assert_problem
+
+if TYPE_CHECKING:
+    # Imported for annotations only: pytest would try to collect a Test* class imported at runtime.
+    from tests.helpers import TestUser
+
+
+async def _ticket(api: Api, org: Org, user: TestUser, title: str = "Help", **fields: Any) -> dict[str, Any]:
+    r = await api.call("POST", org.path("/tickets"), user, json={"title": title, **fields})
+    assert r.status_code == 201, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+async def _list(api: Api, org: Org, user: TestUser, **params: Any) -> dict[str, Any]:
+    r = await api.call("GET", org.path("/tickets"), user, params=params)
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+async def _numbers(api: Api, org: Org, user: TestUser, **params: Any) -> list[int]:
+    return [t["number"] for t in (await _list(api, org, user, **params))["items"]]
+
+
+async def _patch(api: Api, org: Org, number: int, user: TestUser | None = None, **fields: Any) -> dict[str, Any]:
+    r = await api.call("PATCH", org.path(f"/tickets/{number}"), user or org.member, json=fields)
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+async def test_ticket_numbers_are_per_org(api: Api) -> None:
+    a = await api.org("A")
+    b = await api.org("B")
+    first = await _ticket(api, a, a.customer, "Printer on fire", body="Smoke", priority="urgent")
+    assert set(first) >= {"number", "title", "body", "status", "priority", "creatorId", "assigneeId"}
+    assert first["number"] == 1 and first["title"] == "Printer on fire" and first["body"] == "Smoke"
+    assert first["status"] == "open" and first["priority"] == "urgent" and first["assigneeId"] is None
+    assert first["creatorId"] == str(a.customer.id) and first["createdAt"] == first["updatedAt"]
+    assert (await _ticket(api, a, a.member))["number"] == 2
+    assert (await _ticket(api, b, b.owner))["number"] == 1
+    assert (await _ticket(api, a, a.admin))["number"] == 3
+    assert (await _ticket(api, b, b.customer2))["number"] == 2
+    assert await _numbers(api, a, a.owner) == [1, 2, 3]
+    assert await _numbers(api, b, b.owner) == [1, 2]
+
+
+class _ThreadTransport(httpx.BaseTransport):
+    """Litestar's test transport (it hands each request to the app's portal loop) as a sync httpx transport."""
+
+    def __init__(self, api: Api) -> None:
+        self._inner = litestar_transport.TestClientTransport(api.client)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self._inner.handle_request(request)
+
+
+async def _concurrently(api: Api, calls: list[tuple[str, str, TestUser, Any]]) -> list[httpx.Response]:
+    """Send requests at the same time. The AsyncTestClient runs one request to completion per call, so
+    asyncio.gather over it never overlaps; a sync client per worker thread puts all of them on the app's
+    event loop at once."""
+    with (
+        httpx.Client(transport=_ThreadTransport(api), base_url=api.client.base_url) as client,
+        ThreadPoolExecutor(max_workers=len(calls)) as pool,
+    ):
+        loop = asyncio.get_running_loop()
+
+        def send(method: str, path: str, user: TestUser, body: Any) -> httpx.Response:
+            return client.request(method, path, headers=user.headers, json=body)
+
+        return list(await asyncio.gather(*(loop.run_in_executor(pool, send, *c) for c in calls)))
+
+
+async def test_concurrent_creates_get_distinct_consecutive_numbers(api: Api) -> None:
+    org = await api.org()
+    makers = [org.owner, org.admin, org.member, org.customer, org.customer2] * 2
+    calls = [("POST", org.path("/tickets"), u, {"title": f"t{i}"}) for i, u in enumerate(makers)]
+    responses = await _concurrently(api, calls)
+    assert [r.status_code for r in responses] == [201] * 10, [r.text for r in responses]
+    assert sorted(r.json()["number"] for r in responses) == list(range(1, 11))
+    assert await _numbers(api, org, org.owner) == list(range(1, 11))
+
+
+async def test_roles_on_tickets(api: Api) -> None:
+    org = await api.org()
+    for user in (org.owner, org.admin, org.member, org.customer):
+        await _ticket(api, org, user, f"from {user.name}")
+    # Customers open tickets but never triage them, not even their own.
+    r = await api.call("PATCH", org.path("/tickets/4"), org.customer, json={"status": "closed"})
+    assert_problem(r, 403, "forbidden")
+    r = await api.call("PATCH", org.path("/tickets/1"), org.customer, json={"priority": "low"})
+    assert_problem(r, 403, "forbidden")
+    r = await api.call("GET", org.path("/tickets"), org.customer)
+    assert [(t["number"], t["status"]) for t in r.json()["items"]] == [(4, "open")]
+    for n, user in enumerate((org.owner, org.admin, org.member), start=1):
+        assert (await _patch(api, org, n, user, status="pending"))["status"] == "pending"
+
+
+async def test_customers_see_only_their_own_tickets_even_when_all_match(api: Api) -> None:
+    org = await api.org()
+    marker = f"mk{uuid.uuid4().hex[:8]}"
+    mine = [(await _ticket(api, org, org.customer, f"{marker} one {i}"))["number"] for i in range(3)]
+    theirs = [(await _ticket(api, org, org.customer2, f"{marker} two {i}"))["number"] for i in range(3)]
+    staff = (await _ticket(api, org, org.member, f"{marker} staff"))["number"]
+    for n in (*mine, *theirs, staff):
+        await _patch(api, org, n, status="pending", priority="high")
+    # Every ticket matches these filters, so only the customer scope can tell them apart.
+    filters = {"status": "pending", "priority": "high", "q": marker, "assignment": "all"}
+    for customer, own in ((org.customer, mine), (org.customer2, theirs)):
+        for params in (filters, {}, {"q": marker}, {"assignment": "unassigned"}):
+            page = await _list(api, org, customer, **params)
+            assert [t["number"] for t in page["items"]] == own and page["total"] == 3, (params, page)
+            assert {t["creatorId"] for t in page["items"]} == {str(customer.id)}
+    for user in (org.owner, org.admin, org.member):
+        page = await _list(api, org, user, **filters)
+        assert [t["number"] for t in page["items"]] == sorted([*mine, *theirs, staff]) and page["total"] == 7
+
+
+async def test_filters(api: Api) -> None:
+    org = await api.org()
+    n_pct = (await _ticket(api, org, org.customer, "Discount 100% off", priority="low"))["number"]
+    n_plain = (await _ticket(api, org, org.customer, "Discount 1000 off", priority="high"))["number"]
+    n_under = (await _ticket(api, org, org.customer2, "file a_b.txt", body="see attachment"))["number"]
+    n_any = (await _ticket(api, org, org.member, "file axb.txt", body="Attachment missing", priority="high"))["number"]
+    n_back = (await _ticket(api, org, org.admin, "path C:\\temp", priority="urgent"))["number"]
+    await _patch(api, org, n_pct, assigneeId=org.memberships["member"], status="solved")
+    await _patch(api, org, n_plain, assigneeId=org.memberships["admin"])
+    await _patch(api, org, n_back, status="closed")
+
+    assert await _numbers(api, org, org.owner) == [n_pct, n_plain, n_under, n_any, n_back]
+    assert await _numbers(api, org, org.owner, status="open") == [n_plain, n_under, n_any]
+    assert await _numbers(api, org, org.owner, status="solved") == [n_pct]
+    assert await _numbers(api, org, org.owner, priority="high") == [n_plain, n_any]
+    assert await _numbers(api, org, org.owner, priority="high", status="open") == [n_plain, n_any]
+    assert await _numbers(api, org, org.owner, priority="normal") == [n_under]
+
+    # `mine` is the caller's membership id, never their user id.
+    assert await _numbers(api, org, org.member, assignment="mine") == [n_pct]
+    assert await _numbers(api, org, org.admin, assignment="mine") == [n_plain]
+    assert await _numbers(api, org, org.owner, assignment="mine") == []
+    assert await _numbers(api, org, org.owner, assignment="unassigned") == [n_under, n_any, n_back]
+    assert await _numbers(api, org, org.owner, assignment="all") == [n_pct, n_plain, n_under, n_any, n_back]
+
+    # q matches title or body, case-insensitively, with LIKE wildcards taken literally.
+    assert await _numbers(api, org, org.owner, q="%") == [n_pct]
+    assert await _numbers(api, org, org.owner, q="100%") == [n_pct]
+    assert await _numbers(api, org, org.owner, q="_") == [n_under]
+    assert await _numbers(api, org, org.owner, q="a_b") == [n_under]
+    assert await _numbers(api, org, org.owner, q="\\") == [n_back]
+    assert await _numbers(api, org, org.owner, q="ATTACHMENT") == [n_under, n_any]
+    assert await _numbers(api, org, org.owner, q="discount") == [n_pct, n_plain]
+    assert await _numbers(api, org, org.owner, q="") == [n_pct, n_plain, n_under, n_any, n_back]
+    assert await _numbers(api, org, org.owner, q="attachment", priority="high") == [n_any]
+
+
+async def test_pagination(api: Api) -> None:
+    org = await api.org()
+    for i in range(5):
+        await _ticket(api, org, org.customer, f"page {i}", priority="low" if i % 2 else "normal")
+    default = await _list(api, org, org.owner)
+    assert default["page"] == 1 and default["pageSize"] == 50 and default["total"] == 5
+    pages = [await _list(api, org, org.owner, page=p, pageSize=2) for p in (1, 2, 3, 4)]
+    assert [[t["number"] for t in p["items"]] for p in pages] == [[1, 2], [3, 4], [5], []]
+    assert {(p["total"], p["pageSize"]) for p in pages} == {(5, 2)}
+    assert [p["page"] for p in pages] == [1, 2, 3, 4]
+    # The total counts the filtered rows, not the org's.
+    low = await _list(api, org, org.owner, priority="low", pageSize=1, page=2)
+    assert [t["number"] for t in low["items"]] == [4] and low["total"] == 2
+    assert (await _list(api, org, org.owner, pageSize=200))["pageSize"] == 200
+
+
+async def test_patch_ticket(api: Api) -> None:
+    org = await api.org()
+    other = await api.org("Other")
+    t = await _ticket(api, org, org.customer, "Broken", body="It broke", priority="low")
+    n = t["number"]
+
+    a = await _patch(api, org, n, status="pending")
+    assert (a["status"], a["priority"], a["assigneeId"]) == ("pending", "low", None)
+    assert dt.datetime.fromisoformat(a["updatedAt"]) > dt.datetime.fromisoformat(t["updatedAt"])
+    assert a["createdAt"] == t["createdAt"] and a["title"] == "Broken" and a["body"] == "It broke"
+    b = await _patch(api, org, n, org.admin, priority="urgent", assigneeId=org.memberships["member"])
+    assert (b["status"], b["priority"], b["assigneeId"]) == ("pending", "urgent", org.memberships["member"])
+    # Fields left out stay as they are; an explicit null unassigns.
+    c = await _patch(api, org, n, org.owner, status="solved")
+    assert (c["status"], c["priority"], c["assigneeId"]) == ("solved", "urgent", org.memberships["member"])
+    d = await _patch(api, org, n, org.owner, assigneeId=None)
+    assert (d["status"], d["priority"], d["assigneeId"]) == ("solved", "urgent", None)
+    assert dt.datetime.fromisoformat(d["updatedAt"]) > dt.datetime.fromisoformat(c["updatedAt"])
+
+    # Assignees are staff memberships of this org: not a user id, not another org's, not a customer's.
+    for bad in (
+        str(org.owner.id),
+        other.memberships["member"],
+        org.memberships["customer"],
+        str(uuid.uuid4()),
+        "not-a-uuid",
+        5,
+    ):
+        r = await api.call("PATCH", org.path(f"/tickets/{n}"), org.owner, json={"assigneeId": bad})
+        body = assert_problem(r, 400, "invalid_request")
+        assert "assigneeId" in body["detail"], body
+    page = await _list(api, org, org.owner)
+    assert [(x["assigneeId"], x["status"]) for x in page["items"]] == [(None, "solved")]
+
+
+async def test_other_orgs_unknown_and_malformed_ticket_numbers_are_one_404(api: Api) -> None:
+    mine = await api.org()
+    theirs = await api.org("Other")
+    await _ticket(api, mine, mine.customer, "mine")
+    for i in range(3):
+        await _ticket(api, theirs, theirs.customer, f"secret {i}")
+    bodies = []
+    # 3 exists only in the other org; the rest can't be a ticket here at all.
+    for number in ("3", "999", "0", "-1", "1.5", "abc", "99999999999999999999", "%201", "\u0661"):
+        r = await api.call("PATCH", mine.path(f"/tickets/{number}"), mine.owner, json={"status": "closed"})
+        bodies.append(assert_problem(r, 404, "not_found"))
+    r = await api.call("PATCH", theirs.path("/tickets/1"), mine.owner, json={"status": "closed"})
+    bodies.append(assert_problem(r, 404, "not_found"))
+    r = await api.call("GET", theirs.path("/tickets"), mine.customer)
+    bodies.append(assert_problem(r, 404, "not_found"))
+    assert all(b == bodies[0] for b in bodies), bodies
+    page = await _list(api, theirs, theirs.owner)
+    assert {t["status"] for t in page["items"]} == {"open"} and page["total"] == 3
+
+
+async def test_bad_ticket_input_is_400(api: Api) -> None:
+    org = await api.org()
+    await _ticket(api, org, org.customer)
+    for params, field in [
+        ({"status": "bogus"}, "status"),
+        ({"priority": "critical"}, "priority"),
+        ({"assignment": "yours"}, "assignment"),
+        ({"page": "0"}, "page"),
+        ({"page": "abc"}, "page"),
+        ({"page": "99999999999999999999999"}, "page"),
+        ({"pageSize": "500"}, "pageSize"),
+        ({"pageSize": "0"}, "pageSize"),
+        ({"q": "x" * 201}, "q"),
+        ({"q": "a\x00b"}, "q"),
+    ]:
+        for user in (org.owner, org.customer):
+            r = await api.call("GET", org.path("/tickets"), user, params=params)
+            body = assert_problem(r, 400, "invalid_request")
+            assert body["detail"].startswith(f"{field}:"), body
+    # 200 characters is still fine.
+    assert (await _list(api, org, org.owner, q="x" * 200))["total"] == 0
+
+    for fields in (
+        {"title": "t", "priority": "critical"},
+        {"title": "t", "status": "closed"},
+        {"title": "t", "creatorId": str(org.owner.id)},
+        {"title": "nul\x00here"},
+        {"title": "t", "body": "nul\x00here"},
+        {"title": "x" * 501},
+        {"title": " \n "},
+        {"body": "no title"},
+    ):
+        r = await api.call("POST", org.path("/tickets"), org.customer, json=fields)
+        assert_problem(r, 400, "invalid_request")
+    patches: list[dict[str, Any]] = [
+        {"status": "reopened"},
+        {"status": None},
+        {"priority": "critical"},
+        {"title": "renamed"},
+        {"number": 7},
+    ]
+    for change in patches:
+        r = await api.call("PATCH", org.path("/tickets/1"), org.member, json=change)
+        assert_problem(r, 400, "invalid_request")
+    for method, path in (("POST", "/tickets"), ("PATCH", "/tickets/1")):
+        r = await api.call(
+            method, org.path(path), org.member, content=b'{"title": "x"', headers={"content-type": "application/json"}
+        )
+        assert_problem(r, 400, "invalid_request")
+    # Nothing was written by the refused requests.
+    page = await _list(api, org, org.owner)
+    assert [(t["number"], t["title"], t["status"], t["priority"]) for t in page["items"]] == [
+        (1, "Help", "open", "normal")
+    ]
