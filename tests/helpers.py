@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from httpx import Response
 from litestar.testing import AsyncTestClient
+from litestar.testing.transport import TestClientTransport
 
 from space.auth import service as auth
 from space.db import Database, UnitOfWork
@@ -74,6 +78,24 @@ class Api:
             headers.update(user.headers)
         return await self.client.request(method, path, headers=headers, **kw)
 
+    async def concurrently(self, calls: list[tuple[str, str, TestUser, Any]]) -> list[Response]:
+        """Send (method, path, user, json) requests at the same time.
+
+        The AsyncTestClient runs one request to completion per call, so asyncio.gather over it never
+        overlaps; a sync client per worker thread puts all of them on the app's event loop at once.
+        """
+        transport = TestClientTransport(self.client)  # type: ignore[arg-type]
+        with (
+            httpx.Client(transport=_SyncTransport(transport), base_url=self.client.base_url) as client,
+            ThreadPoolExecutor(max_workers=len(calls)) as pool,
+        ):
+            loop = asyncio.get_running_loop()
+
+            def send(method: str, path: str, user: TestUser, body: Any) -> Response:
+                return client.request(method, path, headers=user.headers, json=body)
+
+            return list(await asyncio.gather(*(loop.run_in_executor(pool, send, *c) for c in calls)))
+
     async def org(self, name: str = "Acme") -> Org:
         """An org with owner, admin, member and two customers."""
         owner = await self.users.make("owner")
@@ -96,6 +118,16 @@ class Api:
         r = await self.call("GET", f"/orgs/{org_id}/members", owner)
         memberships["owner"] = next(m["id"] for m in r.json()["items"] if m["role"] == "owner")
         return Org(org_id, memberships=memberships, **people)  # type: ignore[arg-type]
+
+
+class _SyncTransport(httpx.BaseTransport):
+    """Litestar's test transport (it hands each request to the app's portal loop) as a sync httpx transport."""
+
+    def __init__(self, inner: TestClientTransport) -> None:  # type: ignore[type-arg]
+        self._inner = inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self._inner.handle_request(request)
 
 
 def assert_problem(r: Response, status: int, code: str) -> dict[str, Any]:

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
-
-import httpx
-from litestar.testing import transport as litestar_transport
 
 from tests.helpers import Api, Org, assert_problem
 
@@ -59,37 +54,11 @@ async def test_ticket_numbers_are_per_org(api: Api) -> None:
     assert await _numbers(api, b, b.owner) == [1, 2]
 
 
-class _ThreadTransport(httpx.BaseTransport):
-    """Litestar's test transport (it hands each request to the app's portal loop) as a sync httpx transport."""
-
-    def __init__(self, api: Api) -> None:
-        self._inner = litestar_transport.TestClientTransport(api.client)
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        return self._inner.handle_request(request)
-
-
-async def _concurrently(api: Api, calls: list[tuple[str, str, TestUser, Any]]) -> list[httpx.Response]:
-    """Send requests at the same time. The AsyncTestClient runs one request to completion per call, so
-    asyncio.gather over it never overlaps; a sync client per worker thread puts all of them on the app's
-    event loop at once."""
-    with (
-        httpx.Client(transport=_ThreadTransport(api), base_url=api.client.base_url) as client,
-        ThreadPoolExecutor(max_workers=len(calls)) as pool,
-    ):
-        loop = asyncio.get_running_loop()
-
-        def send(method: str, path: str, user: TestUser, body: Any) -> httpx.Response:
-            return client.request(method, path, headers=user.headers, json=body)
-
-        return list(await asyncio.gather(*(loop.run_in_executor(pool, send, *c) for c in calls)))
-
-
 async def test_concurrent_creates_get_distinct_consecutive_numbers(api: Api) -> None:
     org = await api.org()
     makers = [org.owner, org.admin, org.member, org.customer, org.customer2] * 2
     calls = [("POST", org.path("/tickets"), u, {"title": f"t{i}"}) for i, u in enumerate(makers)]
-    responses = await _concurrently(api, calls)
+    responses = await api.concurrently(calls)
     assert [r.status_code for r in responses] == [201] * 10, [r.text for r in responses]
     assert sorted(r.json()["number"] for r in responses) == list(range(1, 11))
     assert await _numbers(api, org, org.owner) == list(range(1, 11))
