@@ -141,18 +141,47 @@ def _space_error(_: Request[Any, Any, Any], exc: SpaceError) -> Response[Problem
 
 def _validation_error(_: Request[Any, Any, Any], exc: ValidationException) -> Response[Problem]:
     errors = exc.extra if isinstance(exc.extra, list) else []
-    fields = [e for e in errors if isinstance(e, dict)]
-    detail = "; ".join(f"{e.get('key') or 'body'}: {e.get('message')}" for e in fields) or exc.detail
-    return problem(400, "invalid_request", "Invalid request", detail, errors=fields or None)
+    fields = [_field_error(e) for e in errors if isinstance(e, dict)]
+    detail = "; ".join(f"{e['key']}: {e['message']}" for e in fields) or exc.detail
+    return problem(400, InvalidRequest.code, InvalidRequest.title, detail, errors=fields or None)
+
+
+def _field_error(e: dict[str, Any]) -> dict[str, Any]:
+    # Litestar names the whole body `data` (the handler's parameter) and reports a missing body as the
+    # KeyError text "'data'"; clients know neither, so say "body" and what is missing.
+    key = str(e.get("key") or "body")
+    message = str(e.get("message"))
+    if key == "data":
+        key = "body"
+        if message == "'data'":
+            message = "A JSON object is required"
+    return {**e, "key": key, "message": message}
 
 
 def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Problem]:
     status = exc.status_code
     if status >= 500:
         log.error("internal error: %s", exc.detail)
+    if status == NotFound.status:
+        # An unknown route is answered exactly like an unknown resource: one 404 body, nothing to tell apart.
+        return _space_error(_, NotFound())
     code = _CODES_BY_STATUS.get(status, "error" if status >= 500 else "bad_request")
-    title = HTTPStatus(status).phrase
+    title = InvalidRequest.title if status == InvalidRequest.status else HTTPStatus(status).phrase
     return problem(status, code, title, exc.detail or title, dict(exc.headers or {}))
+
+
+def _recursion_error(request: Request[Any, Any, Any], exc: RecursionError) -> Response[Problem]:
+    # msgspec raises RecursionError (not DecodeError) for deeply nested JSON: that is the client's input.
+    # Any other RecursionError is still our bug and stays a 500.
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in _DECODERS:
+            return problem(400, InvalidRequest.code, InvalidRequest.title, "body: JSON is nested too deeply")
+        tb = tb.tb_next
+    return _unexpected(request, exc)
+
+
+_DECODERS = frozenset({"decode_json", "decode_msgpack"})
 
 
 def _unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[Problem]:
@@ -164,5 +193,6 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     SpaceError: _space_error,
     ValidationException: _validation_error,
     HTTPException: _http_error,
+    RecursionError: _recursion_error,
     Exception: _unexpected,
 }

@@ -12,6 +12,9 @@ from space.auth.models import ApiToken, User
 from space.auth.tokens import hash_token, new_token
 from space.errors import Conflict, NotFound, Unauthenticated
 
+# RFC 9110 §11.6.1: a 401 names the scheme that would work.
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="space"'}
+
 
 @dataclass(frozen=True)
 class Principal:
@@ -25,11 +28,11 @@ class Principal:
 async def authenticate(session: AsyncSession, authorization: str | None) -> Principal:
     """Resolve `Authorization: Bearer <token>` to a user; anything else is 401."""
     if not authorization:
-        raise Unauthenticated("Missing bearer token.")
+        raise Unauthenticated("Missing bearer token.", headers=dict(_CHALLENGE))
     scheme, _, token = authorization.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token or len(token) > 200:
-        raise Unauthenticated("Expected 'Authorization: Bearer <token>'.")
+        raise Unauthenticated("Expected 'Authorization: Bearer <token>'.", headers=dict(_CHALLENGE))
     row = (
         await session.execute(
             select(User.id, User.email, User.name)
@@ -38,7 +41,7 @@ async def authenticate(session: AsyncSession, authorization: str | None) -> Prin
         )
     ).one_or_none()
     if row is None:
-        raise Unauthenticated("Unknown or revoked token.")
+        raise Unauthenticated("Unknown or revoked token.", headers=dict(_CHALLENGE))
     return Principal(user_id=row.id, email=row.email, name=row.name)
 
 

@@ -73,13 +73,18 @@ class UnitOfWork:
 
     async def __aenter__(self) -> Self:
         self.session = self._sessionmaker()
-        await self.session.begin()
-        if self._isolation or self._read_only:
-            mode = f"ISOLATION LEVEL {self._isolation}" if self._isolation else ""
-            if self._read_only:
-                mode += " READ ONLY"
-            await self.session.execute(text(f"SET TRANSACTION {mode}"))
-        await set_tenant(self.session, self.tenant)
+        try:
+            await self.session.begin()
+            if self._isolation or self._read_only:
+                mode = f"ISOLATION LEVEL {self._isolation}" if self._isolation else ""
+                if self._read_only:
+                    mode += " READ ONLY"
+                await self.session.execute(text(f"SET TRANSACTION {mode}"))
+            await set_tenant(self.session, self.tenant)
+        except BaseException:
+            # __aexit__ does not run when __aenter__ raises: give the connection back to the pool here.
+            await self.session.close()
+            raise
         return self
 
     async def __aexit__(
