@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from litestar import Controller, Router, delete, get, patch, post
+from typing import Any
+
+from litestar import Controller, Request, Router, delete, get, patch, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
-from space.auth.deps import ADMINS, MEMBER, MemberContext, parse_id
+from space.auth.deps import ADMINS, MEMBER, OWNERS, MemberContext, parse_id
 from space.auth.service import Principal
+from space.config import Settings
 from space.db import UnitOfWork
-from space.orgs import service
-from space.orgs.schemas import Member, MemberCreate, MemberUpdate, Org, OrgCreate
+from space.orgs import lifecycle, service
+from space.orgs.schemas import DeletionRequest, Member, MemberCreate, MemberUpdate, Org, OrgCreate
 from space.schemas import Items
 
 
@@ -71,4 +74,37 @@ class MemberController(Controller):
         await service.remove_member(ctx, parse_id(user_id))
 
 
-router = Router(path="/", route_handlers=[OrgController, MemberController])
+class LifecycleController(Controller):
+    """Suspend, reactivate, request and cancel deletion: owners only, allowed in any live state."""
+
+    path = "/orgs/{org_id:str}"
+    tags = ["lifecycle"]
+    dependencies = MEMBER
+    # The transition table decides what each state allows; the generic write-state check must not.
+    opt = {"roles": OWNERS, "state_exempt": True}
+
+    @post("/suspend", status_code=200)
+    async def suspend(self, ctx: NamedDependency[MemberContext]) -> Org:
+        """active -> suspended."""
+        return await lifecycle.suspend(ctx)
+
+    @post("/reactivate", status_code=200)
+    async def reactivate(self, ctx: NamedDependency[MemberContext]) -> Org:
+        """suspended -> active."""
+        return await lifecycle.reactivate(ctx)
+
+    @post("/deletion", status_code=202)
+    async def request_deletion(
+        self, request: Request[Any, Any, Any], ctx: NamedDependency[MemberContext], data: JSONBody[DeletionRequest]
+    ) -> Org:
+        """Start the grace period; the purge follows after deleteAfter."""
+        settings: Settings = request.app.state.settings
+        return await lifecycle.request_deletion(ctx, data, settings.deletion_grace_seconds)
+
+    @delete("/deletion", status_code=200)
+    async def cancel_deletion(self, ctx: NamedDependency[MemberContext]) -> Org:
+        """Back to the state before the deletion request."""
+        return await lifecycle.cancel_deletion(ctx)
+
+
+router = Router(path="/", route_handlers=[OrgController, MemberController, LifecycleController])

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from typing import Annotated
+
+import msgspec
 
 from space.orgs.models import OrgState, Role
 from space.schemas import Email, Input, Name, Output
@@ -47,3 +50,10 @@ class MemberUpdate(Input):
     """PATCH /orgs/{orgId}/members/{userId}."""
 
     role: Role
+
+
+class DeletionRequest(Input):
+    """POST /orgs/{orgId}/deletion: `confirm` must equal the org's name."""
+
+    confirm: Annotated[str, msgspec.Meta(max_length=1000)]
+    skip_final_export: bool = False

@@ -1,0 +1,159 @@
+"""Organization lifecycle: one transition table, one function that changes state under the org lock."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from sqlalchemy import and_, exists, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from space.auth.deps import MemberContext
+from space.errors import FinalExportRecommended, InvalidRequest, InvalidTransition
+from space.exports.models import ExportJob, ExportState
+from space.orgs.models import Organization, OrgState
+from space.orgs.schemas import DeletionRequest, Org
+from space.orgs.service import lock_org, org_out
+
+FINAL_EXPORT_WINDOW = dt.timedelta(hours=24)
+"""How recent an owner's completed snapshot must be for a deletion request without skipFinalExport."""
+
+
+class Action(enum.StrEnum):
+    """What can happen to an organization's state."""
+
+    suspend = "suspend"
+    reactivate = "reactivate"
+    request_deletion = "request_deletion"
+    cancel_deletion = "cancel_deletion"
+    purge = "purge"
+
+
+@dataclass(frozen=True)
+class Transition:
+    """From which states an action is allowed, and the state it leads to (None: the state before deletion)."""
+
+    sources: frozenset[OrgState]
+    target: OrgState | None
+
+
+TRANSITIONS: Mapping[Action, Transition] = MappingProxyType(
+    {
+        Action.suspend: Transition(frozenset({OrgState.active}), OrgState.suspended),
+        Action.reactivate: Transition(frozenset({OrgState.suspended}), OrgState.active),
+        Action.request_deletion: Transition(frozenset({OrgState.active, OrgState.suspended}), OrgState.deleting),
+        Action.cancel_deletion: Transition(frozenset({OrgState.deleting}), None),
+        Action.purge: Transition(frozenset({OrgState.deleting}), OrgState.deleted),
+    }
+)
+"""The whole state machine (SPEC §3). Anything not listed here is 409 `invalid_transition`."""
+
+Precondition = Callable[[Organization], Awaitable[None]]
+
+
+async def change_state(
+    session: AsyncSession,
+    org_id: uuid.UUID,
+    action: Action,
+    *,
+    grace_seconds: int = 0,
+    precondition: Precondition | None = None,
+) -> Organization:
+    """Lock the org, check `action` against TRANSITIONS (and `precondition`), then move it; flushes."""
+    org = await lock_org(session, org_id)
+    now: dt.datetime = (await session.execute(select(func.now()))).scalar_one()
+    state = OrgState(org.state)
+    transition = TRANSITIONS[action]
+    if state not in transition.sources:
+        raise InvalidTransition(f"Can't {action.value.replace('_', ' ')} an organization that is {state.value}.")
+    if action is Action.cancel_deletion and not _cancellable(org, now):
+        raise InvalidTransition("The grace period is over; the deletion can no longer be cancelled.")
+    if action is Action.purge and not is_due(org, now):
+        raise InvalidTransition("The organization is not due for purging.")
+    if precondition is not None:
+        await precondition(org)
+    match action:
+        case Action.request_deletion:
+            org.previous_state = state.value
+            org.delete_after = now + dt.timedelta(seconds=grace_seconds)
+            org.state = OrgState.deleting.value
+        case Action.cancel_deletion:
+            org.state = org.previous_state or OrgState.active.value
+            org.previous_state = None
+            org.delete_after = None
+        case Action.purge:
+            org.state = OrgState.deleted.value
+            org.previous_state = None
+            org.deleted_at = now
+            # The tombstone keeps id, timestamps and counts; the name is the org's data, not ours to keep.
+            org.name = ""
+        case _:
+            assert transition.target is not None
+            org.state = transition.target.value
+    await session.flush()
+    await session.refresh(org)
+    return org
+
+
+def is_due(org: Organization, now: dt.datetime) -> bool:
+    """The org is being deleted and its grace period is over."""
+    return org.state == OrgState.deleting and org.delete_after is not None and org.delete_after <= now
+
+
+def _cancellable(org: Organization, now: dt.datetime) -> bool:
+    # `purged_counts` is set by the purge's first batch: once rows are gone, going back would leave a husk.
+    return org.purged_counts is None and (org.delete_after is None or now < org.delete_after)
+
+
+async def suspend(ctx: MemberContext) -> Org:
+    """active -> suspended."""
+    return org_out(await change_state(ctx.uow.session, ctx.org.id, Action.suspend))
+
+
+async def reactivate(ctx: MemberContext) -> Org:
+    """suspended -> active."""
+    return org_out(await change_state(ctx.uow.session, ctx.org.id, Action.reactivate))
+
+
+async def request_deletion(ctx: MemberContext, data: DeletionRequest, grace_seconds: int) -> Org:
+    """active|suspended -> deleting, with deleteAfter = now + grace; needs the name and a recent final export."""
+    if data.confirm != ctx.org.name:
+        raise InvalidRequest("confirm: must equal the organization's name.", errors=[{"key": "confirm"}])
+    session = ctx.uow.session
+
+    async def final_export_taken(org: Organization) -> None:
+        if data.skip_final_export:
+            return
+        if not await _has_recent_snapshot(session, org.id, ctx.principal.user_id):
+            raise FinalExportRecommended(
+                "Take a snapshot export first (none completed by you in the last 24 hours),"
+                ' or send "skipFinalExport": true.'
+            )
+
+    org = await change_state(
+        session, ctx.org.id, Action.request_deletion, grace_seconds=grace_seconds, precondition=final_export_taken
+    )
+    return org_out(org)
+
+
+async def cancel_deletion(ctx: MemberContext) -> Org:
+    """deleting -> the state before the request, during the grace period."""
+    return org_out(await change_state(ctx.uow.session, ctx.org.id, Action.cancel_deletion))
+
+
+async def _has_recent_snapshot(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID) -> bool:
+    recent: Any = exists().where(
+        and_(
+            ExportJob.org_id == org_id,
+            ExportJob.creator_id == user_id,
+            ExportJob.kind == "snapshot",
+            ExportJob.state == ExportState.completed.value,
+            ExportJob.completed_at >= func.now() - FINAL_EXPORT_WINDOW,
+        )
+    )
+    return bool(await session.scalar(select(recent)))
