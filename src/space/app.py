@@ -13,6 +13,8 @@ from space.auth.deps import DEPENDENCIES
 from space.config import Settings
 from space.db import Database, app_url
 from space.errors import EXCEPTION_HANDLERS
+from space.exports.queue import make_queue
+from space.exports.routes import ExportController
 from space.orgs.routes import router as orgs_router
 from space.projects.routes import router as projects_router
 from space.system import health, me
@@ -29,15 +31,22 @@ def create_app(settings: Settings) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncGenerator[None, None]:
         db = Database(app_url(owner_url, settings.app_database_url), application_name="space-api")
+        # The API only enqueues (after commits); workers consume. Its own small pool, as space_queue.
+        queue = make_queue(settings, application_name="space-api-queue", max_connections=4)
         app.state.db = db
         app.state.settings = settings
+        app.state.queue = queue
         try:
+            await queue.connect()
             yield
         finally:
-            await db.dispose()
+            try:
+                await queue.disconnect()
+            finally:
+                await db.dispose()
 
     return Litestar(
-        route_handlers=[health, me, orgs_router, projects_router, tickets_router],
+        route_handlers=[health, me, orgs_router, projects_router, tickets_router, ExportController],
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],

@@ -1,10 +1,90 @@
-"""SAQ queue and worker settings; registers every job and cron entry. (Filled in by the Exports issue.)"""
+"""SAQ queue and worker settings; registers every job and cron entry.
+
+`space worker` runs `run_worker` alone (it then owns SIGINT/SIGTERM); `space up` runs it as a task beside
+the API, which owns the signals and cancels the task. Either way it stops cleanly: running exports hand
+their lease back, and the pools close.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from typing import Any
+
+from saq import CronJob, Worker
+
 from space.config import Settings
+from space.db import Database, app_url
+from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_export_job
+from space.exports.queue import RUN_EXPORT, make_queue
+from space.exports.storage import PgResultStore
+from space.orgs.jobs import purge_due_job
+
+log = logging.getLogger("space.worker")
+
+EVERY_MINUTE = "* * * * *"
+EVERY_FIVE_MINUTES = "*/5 * * * *"
+
+
+def build_worker(settings: Settings, *, application_name: str = "space-worker") -> Worker[Any]:
+    """A SAQ worker whose ctx carries `settings`, `db` (app role) and `store` for every job."""
+    assert settings.database_url, "the worker needs a database URL"
+    queue = make_queue(
+        settings, application_name=f"{application_name}-queue", max_connections=4 + 2 * settings.worker_concurrency
+    )
+    db = Database(app_url(settings.database_url, settings.app_database_url), application_name=application_name)
+
+    async def startup(ctx: Any) -> None:
+        ctx["settings"] = settings
+        ctx["db"] = db
+        ctx["store"] = PgResultStore(db.sessionmaker)
+
+    async def shutdown(ctx: Any) -> None:
+        await db.dispose()
+
+    functions: Any = [(RUN_EXPORT, run_export_job)]
+    cron_jobs: Any = [
+        CronJob(reconcile_exports_job, cron=EVERY_MINUTE, timeout=60),
+        CronJob(cleanup_exports_job, cron=EVERY_FIVE_MINUTES, timeout=300),
+        CronJob(purge_due_job, cron=EVERY_MINUTE, timeout=300),
+    ]
+    worker: Worker[Any] = Worker(
+        queue,
+        functions=functions,
+        cron_jobs=cron_jobs,
+        concurrency=settings.worker_concurrency,
+        startup=startup,
+        shutdown=shutdown,
+    )
+    # Signals are decided by run_worker: inside `space up` they belong to the API server.
+    worker.SIGNALS = []
+    return worker
 
 
 async def run_worker(settings: Settings) -> None:
-    """Run a worker until cancelled. `settings.database_url` is set."""
-    raise NotImplementedError
+    """Run a worker until cancelled, or until SIGINT/SIGTERM when it is the process's only job."""
+    worker = build_worker(settings)
+    loop = asyncio.get_running_loop()
+    # Nobody else handles SIGTERM: this is `space worker`, and the signals are ours.
+    standalone = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (
+        signal.SIG_DFL,
+        None,
+    )
+    signals = [signal.SIGINT, signal.SIGTERM] if standalone else []
+    for signum in signals:
+        loop.add_signal_handler(signum, lambda: worker.event.set())
+    try:
+        await worker.queue.connect()
+        await worker.start()
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+        with contextlib.suppress(Exception):
+            await worker.queue.disconnect()
+    # Worker.start swallows cancellation while stopping; pass it on to whoever cancelled us.
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

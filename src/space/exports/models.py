@@ -24,6 +24,24 @@ class ExportState(enum.StrEnum):
     cancelled = "cancelled"
 
 
+class ExportKind(enum.StrEnum):
+    """What an export produces."""
+
+    snapshot = "snapshot"
+    tickets_csv = "tickets_csv"
+
+
+class ExportScope(enum.StrEnum):
+    """`own`: only the creator's tickets (customers); `team`: what staff see. Fixed at creation."""
+
+    own = "own"
+    team = "team"
+
+
+ACTIVE_STATES = frozenset({ExportState.queued, ExportState.running})
+FAILED_STATES = frozenset({ExportState.failed, ExportState.cancelled})
+
+
 class ExportJob(Base):
     """The ledger row of one export. SAQ's job row is transport only; this row is the truth."""
 
@@ -47,6 +65,8 @@ class ExportJob(Base):
     completed_at: Mapped[dt.datetime | None]
     expires_at: Mapped[dt.datetime | None]
     purged_at: Mapped[dt.datetime | None]
+    deleted_at: Mapped[dt.datetime | None]
+    """Set when the owner deletes a finished export: hidden from the API, still counted by the rate limit."""
     row_count: Mapped[int | None]
     byte_size: Mapped[int | None]
     sha256: Mapped[str | None]

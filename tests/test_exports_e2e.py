@@ -1,0 +1,100 @@
+"""Exports through the API and the real SAQ worker (run_worker), end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import sys
+
+from space.config import Settings
+from space.db import Database
+from space.worker import run_worker
+from tests.exports_fixtures import (
+    add_project,
+    add_tickets,
+    create_export,
+    download,
+    parse_csv,
+    wait_state,
+)
+from tests.helpers import Api
+
+
+async def test_snapshot_and_csv_through_api_and_worker(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org("E2E, Inc.")
+    await add_project(db, org.id, "Launch", ["Plan", "Ship"])
+    await add_tickets(db, org.id, org.member, ["Printer on fire", "=HYPERLINK()"], status="open")
+    await add_tickets(db, org.id, org.member, ["Closed one"], status="closed")
+
+    worker = asyncio.create_task(run_worker(settings))
+    try:
+        snap = await create_export(api, org, org.owner, {"kind": "snapshot"})
+        tickets = await create_export(
+            api, org, org.member, {"kind": "tickets_csv", "filters": {"status": "open"}, "delimiter": ";"}
+        )
+        assert snap["state"] == "queued" and snap["scope"] == "team" and snap["canDownload"] is False
+        assert tickets["filters"] == {"status": "open"}
+
+        done = await wait_state(api, org, org.owner, snap["id"], {"completed", "failed"})
+        assert done["state"] == "completed", done
+        assert done["progress"] == 100 and done["canDownload"] is True
+        r = await download(api, org, org.owner, snap["id"])
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "application/json"
+        assert r.headers["etag"] == f'"{done["sha256"]}"'
+        assert hashlib.sha256(r.content).hexdigest() == done["sha256"]
+        assert int(r.headers["content-length"]) == len(r.content) == done["byteSize"]
+        body = json.loads(r.content)
+        assert body["schemaVersion"] == 1 and body["organizationId"] == org.id
+        assert body["organizationName"] == "E2E, Inc."
+        assert [p["name"] for p in body["projects"]] == ["Launch"]
+        assert sorted(t["title"] for t in body["tasks"]) == ["Plan", "Ship"]
+
+        done = await wait_state(api, org, org.member, tickets["id"], {"completed", "failed"})
+        assert done["state"] == "completed", done
+        assert done["rowCount"] == 2
+        r = await download(api, org, org.member, tickets["id"])
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "text/csv; charset=utf-8"
+        records = parse_csv(r.content, ";")
+        assert records[0] == ["number", "title", "status", "priority", "assignee", "createdAt", "updatedAt"]
+        assert [rec[1] for rec in records[1:]] == ["Printer on fire", "'=HYPERLINK()"]
+    finally:
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(worker, 15)
+    assert worker.done()
+
+
+async def test_worker_process_exports_then_stops_on_sigterm(api: Api, db: Database, owner_url: str) -> None:
+    org = await api.org()
+    await add_tickets(db, org.id, org.customer, ["from a real worker process"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
+    env["DATABASE_URL"] = owner_url
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from space.cli import main; main()",
+        "worker",
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        export = await create_export(api, org, org.customer, {"kind": "tickets_csv"})
+        done = await wait_state(api, org, org.customer, export["id"], {"completed", "failed"})
+        assert done["state"] == "completed", done
+        assert parse_csv((await download(api, org, org.customer, export["id"])).content)[1][1] == (
+            "from a real worker process"
+        )
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 15)
+        assert proc.returncode == 0, stderr.decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

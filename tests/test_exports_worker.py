@@ -1,0 +1,337 @@
+"""Export correctness: the real worker functions called directly against the real database."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import uuid
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import event, select
+
+from space.config import Settings
+from space.db import Database, Tenant, UnitOfWork, app_url
+from space.exports.jobs import run_export
+from space.orgs.models import Membership
+from space.tickets.filters import parse_filters, ticket_conditions
+from space.tickets.models import Ticket
+from tests.exports_fixtures import (
+    Gate,
+    add_project,
+    add_tickets,
+    background,
+    chunk_count,
+    create_export,
+    download,
+    job_row,
+    parse_csv,
+    runner,
+    tuned,
+    uid,
+)
+from tests.helpers import Api
+
+HEADER = ["number", "title", "status", "priority", "assignee", "createdAt", "updatedAt"]
+
+
+async def test_205_rows_in_batches_each_once_with_progress(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org()
+    markers = [f"marker-{i:03d}" for i in range(205)]
+    await add_tickets(db, org.id, org.member, markers)
+    await add_tickets(db, org.id, org.member, ["not this one"], status="closed")
+    export = await create_export(api, org, org.member, {"kind": "tickets_csv", "filters": {"status": "open"}})
+    gate = Gate({"batch", "before_publish"})
+    seen: list[tuple[str, int]] = []
+    work = run_export(runner(tuned(settings, export_batch_rows=100), db), uid(export["id"]), uid(org.id), gate=gate)
+    async with background(work, gate) as task:
+        for _ in range(3):
+            await gate.reached("batch")
+            r = await api.call("GET", org.path(f"/exports/{export['id']}"), org.member)
+            seen.append((r.json()["state"], r.json()["progress"]))
+            gate.resume("batch")
+        await gate.reached("before_publish")
+        r = await api.call("GET", org.path(f"/exports/{export['id']}"), org.member)
+        assert (r.json()["state"], r.json()["progress"]) == ("running", 95)
+        gate.resume("before_publish")
+        assert await task == "completed"
+    assert seen == [("running", 46), ("running", 93), ("running", 95)]
+    r = await api.call("GET", org.path(f"/exports/{export['id']}"), org.member)
+    assert r.json()["state"] == "completed" and r.json()["progress"] == 100 and r.json()["rowCount"] == 205
+
+    records = parse_csv((await download(api, org, org.member, export["id"])).content)
+    assert records[0] == HEADER
+    counts = Counter(rec[1] for rec in records[1:])
+    assert counts == Counter(markers)
+    assert [int(rec[0]) for rec in records[1:]] == sorted(int(rec[0]) for rec in records[1:])
+
+
+async def test_list_and_csv_filters_agree(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org()
+    mine = org.memberships["member"]
+    await add_tickets(db, org.id, org.member, ["Alpha 100% done", "alpha_x"], status="open", priority="high")
+    await add_tickets(db, org.id, org.member, ["ALPHA assigned"], status="open", priority="high", assignee_id=mine)
+    await add_tickets(db, org.id, org.member, ["alpha pending"], status="pending", priority="high")
+    await add_tickets(db, org.id, org.member, ["beta"], status="open", priority="low", assignee_id=mine)
+    await add_tickets(db, org.id, org.customer, ["alpha customer"], status="open", priority="high")
+    cases = [
+        {},
+        {"status": "open"},
+        {"priority": "high", "q": "alpha"},
+        {"assignment": "mine"},
+        {"assignment": "unassigned", "status": "open"},
+        {"q": "100%"},
+        {"q": "_"},
+    ]
+    for filters in cases:
+        # What the ticket list selects for these filters: the one filter builder, same RLS context.
+        async with UnitOfWork(db.sessionmaker, Tenant(org_id=uid(org.id))) as uow:
+            membership_id = await uow.session.scalar(
+                select(Membership.id).where(Membership.org_id == uid(org.id), Membership.user_id == org.member.id)
+            )
+            listed = list(
+                (
+                    await uow.session.execute(
+                        select(Ticket.number)
+                        .where(Ticket.org_id == uid(org.id), *ticket_conditions(parse_filters(filters), membership_id))
+                        .order_by(Ticket.number)
+                    )
+                ).scalars()
+            )
+        export = await create_export(api, org, org.member, {"kind": "tickets_csv", "filters": filters})
+        assert await run_export(runner(settings, db), uid(export["id"]), uid(org.id)) == "completed"
+        records = parse_csv((await download(api, org, org.member, export["id"])).content)
+        assert [int(r[0]) for r in records[1:]] == listed, filters
+        assert listed, filters
+        # Three exports per minute per user: use a fresh member for the next case.
+        await _reset_rate(db, org.id, org.member.id)
+
+
+async def _reset_rate(db: Database, org_id: str, user_id: uuid.UUID) -> None:
+    # Test-only: age this user's exports past the rate-limit window so the next case can create one.
+    from sqlalchemy import text
+
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=uid(org_id))) as uow:
+        await uow.session.execute(
+            text("UPDATE export_jobs SET created_at = created_at - interval '2 minutes' WHERE creator_id = :u"),
+            {"u": user_id},
+        )
+
+
+async def test_row_limit_plus_one_fails_too_many_rows(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org()
+    await add_tickets(db, org.id, org.member, [f"t{i}" for i in range(6)])
+    export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
+    outcome = await run_export(runner(tuned(settings, export_row_limit=5), db), uid(export["id"]), uid(org.id))
+    assert outcome == "too_many_rows"
+    job = await job_row(db, org.id, export["id"])
+    assert (job.state, job.error_code, job.row_count, job.sha256) == ("failed", "too_many_rows", None, None)
+    assert await chunk_count(db, org.id, export["id"]) == 0
+
+    # Exactly at the limit is fine: the limit is "above", never a truncation.
+    export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
+    outcome = await run_export(runner(tuned(settings, export_row_limit=6), db), uid(export["id"]), uid(org.id))
+    assert outcome == "completed"
+    assert (await job_row(db, org.id, export["id"])).row_count == 6
+
+
+async def test_byte_limit_fails_too_large_and_stores_nothing(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org()
+    await add_tickets(db, org.id, org.member, ["x" * 300 for _ in range(30)])
+    export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
+    small = tuned(settings, export_byte_limit=4000, export_chunk_bytes=1000, export_batch_rows=5)
+    outcome = await run_export(runner(small, db), uid(export["id"]), uid(org.id))
+    assert outcome == "too_large"
+    job = await job_row(db, org.id, export["id"])
+    assert (job.state, job.error_code, job.byte_size, job.sha256) == ("failed", "too_large", None, None)
+    # Chunks were written on the way (1000 bytes each) and removed with the failure.
+    assert await chunk_count(db, org.id, export["id"]) == 0
+    r = await download(api, org, org.member, export["id"])
+    assert r.status_code == 409 and r.json()["errorCode"] == "too_large"
+
+
+async def test_multi_chunk_result_streams_back_whole(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org()
+    titles = [f"row {i} " + "y" * (i % 50) for i in range(120)]
+    await add_tickets(db, org.id, org.member, titles)
+    export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
+    small = tuned(settings, export_chunk_bytes=1024, export_batch_rows=7)
+    assert await run_export(runner(small, db), uid(export["id"]), uid(org.id)) == "completed"
+    job = await job_row(db, org.id, export["id"])
+    assert job.byte_size is not None
+    assert await chunk_count(db, org.id, export["id"]) == -(-job.byte_size // 1024)
+    r = await download(api, org, org.member, export["id"])
+    assert len(r.content) == job.byte_size
+    assert [rec[1] for rec in parse_csv(r.content)[1:]] == titles
+
+
+async def test_snapshot_content(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org("Snap & Co")
+    live = await add_project(db, org.id, "Live project", ["task one", "task two"])
+    gone = await add_project(db, org.id, "Deleted project", ["ghost task"], deleted=True)
+    await add_tickets(db, org.id, org.customer, ["a ticket is not in a snapshot"])
+    export = await create_export(api, org, org.admin, {"kind": "snapshot"})
+    assert await run_export(runner(tuned(settings, export_batch_rows=1), db), uid(export["id"]), uid(org.id)) == (
+        "completed"
+    )
+    job = await job_row(db, org.id, export["id"])
+    r = await download(api, org, org.admin, export["id"])
+    assert r.status_code == 200
+    body = json.loads(r.content)
+    assert list(body) == ["schemaVersion", "organizationId", "organizationName", "snapshotAt", "projects", "tasks"]
+    assert body["schemaVersion"] == 1
+    assert body["organizationId"] == org.id and body["organizationName"] == "Snap & Co"
+    assert job.snapshot_at is not None
+    assert body["snapshotAt"] == job.snapshot_at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    assert [p["id"] for p in body["projects"]] == [str(live)]
+    project = body["projects"][0]
+    assert set(project) == {"id", "name", "version", "createdAt", "updatedAt"}
+    assert project["name"] == "Live project" and project["version"] == 1
+    assert sorted(t["title"] for t in body["tasks"]) == ["task one", "task two"]
+    assert {t["projectId"] for t in body["tasks"]} == {str(live)}
+    assert set(body["tasks"][0]) == {"id", "projectId", "title", "status", "dueDate", "createdAt", "updatedAt"}
+    assert [t["id"] for t in body["tasks"]] == sorted(t["id"] for t in body["tasks"])
+    assert job.row_count == 3
+    raw = r.content.decode()
+    assert str(gone) not in raw and "ghost task" not in raw and "Deleted project" not in raw
+    for person in (org.owner, org.admin, org.member, org.customer, org.customer2):
+        assert person.email not in raw and person.token not in raw
+    assert "@" not in raw and "spc_" not in raw
+
+
+async def test_csv_format_rules(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org()
+    evil = await api.users.make("=HYPERLINK(evil)")
+    r = await api.call("POST", org.path("/members"), org.owner, json={"email": evil.email, "role": "member"})
+    assert r.status_code == 201
+    evil_membership = r.json()["id"]
+    titles = [
+        'He said "hi", twice',
+        "line one\nline two\r\nline three",
+        "=SUM(A1:A2)",
+        "+1",
+        "-1",
+        "@import",
+        "\uff1dfull width",
+        "\uff0bplus",
+        "\uff0dminus",
+        "\uff20at",
+        "\u00a0=nbsp first",
+        " \u3000\t=blanks first",
+        "\ttab first",
+        "\rcr first",
+        "\nlf first",
+        "a=b stays",
+        "plain; with semicolon",
+        "",
+    ]
+    numbers = await add_tickets(db, org.id, org.member, titles, assignee_id=evil_membership)
+    export = await create_export(api, org, org.member, {"kind": "tickets_csv", "delimiter": ";"})
+    assert await run_export(runner(settings, db), uid(export["id"]), uid(org.id)) == "completed"
+    raw = (await download(api, org, org.member, export["id"])).content
+    assert raw.startswith(b'\xef\xbb\xbf"number";"title";"status";"priority";"assignee";"createdAt";"updatedAt"\r\n')
+    assert raw.endswith(b"\r\n")
+    # Every record ends with CRLF: CRLF count = records + the CRLF inside the second title.
+    assert raw.count(b"\r\n") == 1 + len(titles) + 1
+    assert b'"He said ""hi"", twice"' in raw
+    records = parse_csv(raw, ";")
+    assert records[0] == HEADER and len(records) == 1 + len(titles)
+    guarded = {
+        "=SUM(A1:A2)",
+        "+1",
+        "-1",
+        "@import",
+        "\uff1dfull width",
+        "\uff0bplus",
+        "\uff0dminus",
+        "\uff20at",
+        "\u00a0=nbsp first",
+        " \u3000\t=blanks first",
+        "\ttab first",
+        "\rcr first",
+        "\nlf first",
+    }
+    expected = [("'" + t) if t in guarded else t for t in titles]
+    assert [rec[1] for rec in records[1:]] == expected
+    assert [int(rec[0]) for rec in records[1:]] == numbers
+    for rec in records[1:]:
+        assert len(rec) == 7
+        assert rec[2] == "open" and rec[3] == "normal"
+        assert rec[4] == "'" + evil.name  # the assignee's display name, guarded too
+        assert rec[5].endswith("Z") and "T" in rec[5]
+    # Every field is quoted: each record's fields start with a quote right after a delimiter.
+    first_data = raw.split(b"\r\n")[1]
+    assert first_data.startswith(b'"') and b'";"' in first_data
+
+
+async def test_two_customers_each_get_only_their_rows(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org()
+    a = await add_tickets(db, org.id, org.customer, [f"refund please {i}" for i in range(3)])
+    b = await add_tickets(db, org.id, org.customer2, [f"refund please {i}" for i in range(4)])
+    await add_tickets(db, org.id, org.member, ["refund please (staff)"])
+    filters = {"q": "refund please", "status": "open"}
+    got = {}
+    for who, user in (("a", org.customer), ("b", org.customer2)):
+        export = await create_export(api, org, user, {"kind": "tickets_csv", "filters": filters})
+        assert export["scope"] == "own"
+        assert await run_export(runner(settings, db), uid(export["id"]), uid(org.id)) == "completed"
+        got[who] = [int(r[0]) for r in parse_csv((await download(api, org, user, export["id"])).content)[1:]]
+    assert got == {"a": a, "b": b}
+    # The staff export with the same filter sees all of them: the filter matched every row.
+    export = await create_export(api, org, org.member, {"kind": "tickets_csv", "filters": filters})
+    assert export["scope"] == "team"
+    await run_export(runner(settings, db), uid(export["id"]), uid(org.id))
+    rows = parse_csv((await download(api, org, org.member, export["id"])).content)[1:]
+    assert len(rows) == 3 + 4 + 1
+
+
+async def test_promotion_does_not_widen_an_own_export(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org()
+    own = await add_tickets(db, org.id, org.customer, ["mine 1", "mine 2"])
+    await add_tickets(db, org.id, org.customer2, ["theirs"])
+    await add_tickets(db, org.id, org.member, ["staff"])
+    export = await create_export(api, org, org.customer, {"kind": "tickets_csv"})
+    assert export["scope"] == "own"
+    r = await api.call("PATCH", org.path(f"/members/{org.customer.id}"), org.owner, json={"role": "member"})
+    assert r.status_code == 200, r.text
+    assert await run_export(runner(settings, db), uid(export["id"]), uid(org.id)) == "completed"
+    r = await download(api, org, org.customer, export["id"])
+    assert r.status_code == 200
+    assert [int(rec[0]) for rec in parse_csv(r.content)[1:]] == own
+    assert (await api.call("GET", org.path(f"/exports/{export['id']}"), org.customer)).json()["scope"] == "own"
+
+
+async def test_read_timeout_fails_timeout(api: Api, db: Database, settings: Settings, owner_url: str) -> None:
+    org = await api.org()
+    await add_tickets(db, org.id, org.member, ["slow"])
+    quick = tuned(settings, export_timeout_seconds=0.3)
+
+    # The database side: the count statement runs past statement_timeout (the test slows it down).
+    slow_db = Database(app_url(owner_url), application_name="space-tests-slow")
+
+    @event.listens_for(slow_db.engine.sync_engine, "before_cursor_execute", retval=True)
+    def slow_count(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> Any:
+        if statement.startswith("SELECT count(*)") and "FROM tickets" in statement:
+            statement = statement.replace("SELECT count(*)", "SELECT count(*) + 0 * length(pg_sleep(5)::text)", 1)
+        return statement, params
+
+    try:
+        export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
+        assert await run_export(runner(quick, slow_db), uid(export["id"]), uid(org.id)) == "timeout"
+    finally:
+        await slow_db.dispose()
+    job = await job_row(db, org.id, export["id"])
+    assert (job.state, job.error_code) == ("failed", "timeout")
+    assert await chunk_count(db, org.id, export["id"]) == 0
+
+    # The whole read is bounded too, not only each statement: a read stalled between statements fails.
+    export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
+    never = asyncio.Event()
+
+    async def stall(point: str, lease: Any) -> None:
+        if point == "counted":
+            await never.wait()
+
+    assert await run_export(runner(quick, db), uid(export["id"]), uid(org.id), gate=stall) == "timeout"
+    assert (await job_row(db, org.id, export["id"])).error_code == "timeout"
