@@ -13,14 +13,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import msgspec
 import psycopg
-import uvicorn
 from httpx import Response
 from sqlalchemy import select, text, update
 
-from space.app import create_app
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.exports.jobs import ExportRunner
@@ -29,7 +26,7 @@ from space.exports.models import ExportChunk, ExportJob
 from space.exports.storage import PgResultStore
 from space.projects.models import Project, Task
 from space.tickets.models import Ticket, TicketCounter
-from tests.helpers import Api, Org, TestUser, UserFactory
+from tests.helpers import Api, Org, TestUser
 
 WAIT = 15.0
 """Seconds any wait in these tests may take before it fails."""
@@ -267,32 +264,6 @@ async def background(coro: Awaitable[Any], gate: Gate | None = None) -> AsyncIte
             gate.open_all()
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(task, WAIT)
-
-
-@contextlib.asynccontextmanager
-async def live_api(settings: Settings, users: UserFactory) -> AsyncIterator[Api]:
-    """The real app under uvicorn in this event loop, called over real HTTP.
-
-    Litestar's AsyncTestClient runs the app behind a blocking portal: each request blocks the test's loop
-    until answered, so requests are never concurrent with each other or with a paused worker. Tests that
-    need real concurrency use this server instead.
-    """
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning"))
-    task = asyncio.create_task(server._serve())  # _serve: the signal handlers stay pytest's
-    try:
-        await wait_for(lambda: _started(server, task), "the test server to start")
-        port = server.servers[0].sockets[0].getsockname()[1]
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=WAIT) as client:
-            yield Api(client, users)  # type: ignore[arg-type]
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, WAIT)
-
-
-async def _started(server: uvicorn.Server, task: asyncio.Task[None]) -> bool:
-    if task.done():
-        task.result()
-    return server.started
 
 
 async def blocked_by(owner_url: str, waiter_app: str, holder_app: str) -> bool:

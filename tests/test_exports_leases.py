@@ -33,7 +33,6 @@ from tests.exports_fixtures import (
     download,
     expire_lease,
     job_row,
-    live_api,
     parse_csv,
     runner,
     set_org_state,
@@ -42,7 +41,7 @@ from tests.exports_fixtures import (
     uid,
     wait_for,
 )
-from tests.helpers import Api, UserFactory, assert_problem
+from tests.helpers import Api, assert_problem
 
 
 async def _stale_writes_refused(db: Database, settings: Settings, lease_a: Lease, org_id: str) -> None:
@@ -160,9 +159,7 @@ async def test_eligibility_is_checked_before_reading(api: Api, db: Database, set
     assert "counted" not in gate.seen
 
 
-async def test_publish_holds_the_org_lock(
-    api: Api, db: Database, settings: Settings, owner_url: str, users: UserFactory
-) -> None:
+async def test_publish_holds_the_org_lock(api: Api, db: Database, settings: Settings, owner_url: str) -> None:
     org = await api.org()
     await add_tickets(db, org.id, org.member, ["kept"])
     export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
@@ -171,18 +168,17 @@ async def test_publish_holds_the_org_lock(
     worker_db = Database(app_url(owner_url), application_name=worker_app)
     gate = Gate({"publish_locked"})
     try:
-        async with (
-            live_api(settings, users) as http,
-            background(run_export(runner(settings, worker_db), eid, oid, gate=gate), gate) as w,
-        ):
+        async with background(run_export(runner(settings, worker_db), eid, oid, gate=gate), gate) as w:
             await gate.reached("publish_locked")
-            patch = http.call("PATCH", org.path(f"/members/{org.member.id}"), org.owner, json={"role": "customer"})
-            async with background(patch) as demotion:
+            # `concurrently` sends from a thread, so this loop stays free while the request waits.
+            change = [("PATCH", org.path(f"/members/{org.member.id}"), org.owner, {"role": "customer"})]
+            async with background(api.concurrently(change)) as demotion:
                 await wait_for(lambda: blocked_by(owner_url, "space-api", worker_app), "the role change to wait")
                 assert not demotion.done()
                 gate.resume("publish_locked")
                 assert await w == "completed"
-                assert (await asyncio.wait_for(demotion, WAIT)).status_code == 200
+                [answer] = await asyncio.wait_for(demotion, WAIT)
+                assert answer.status_code == 200, answer.text
     finally:
         await worker_db.dispose()
     job = await job_row(db, org.id, eid)

@@ -79,21 +79,35 @@ class TicketsCsv:
     """SPEC §7 tickets CSV: BOM, CRLF, every field quoted, formula guard on text cells (SQL functions of 0003)."""
 
     def __init__(
-        self, org_id: uuid.UUID, filters: TicketFilters, membership_id: uuid.UUID | None, delimiter: str
+        self,
+        org_id: uuid.UUID,
+        filters: TicketFilters,
+        membership_id: uuid.UUID | None,
+        delimiter: str,
+        creator_id: uuid.UUID | None = None,
     ) -> None:
         self.org_id = org_id
         self.conditions = ticket_conditions(filters, membership_id)
         self.delimiter = delimiter
+        self.creator_id = creator_id
 
     @classmethod
     def from_stored(
-        cls, org_id: uuid.UUID, filters: dict[str, Any], membership_id: uuid.UUID | None, delimiter: str
+        cls,
+        org_id: uuid.UUID,
+        filters: dict[str, Any],
+        membership_id: uuid.UUID | None,
+        delimiter: str,
+        creator_id: uuid.UUID | None = None,
     ) -> TicketsCsv:
-        """Build from the filters as stored on the export."""
-        return cls(org_id, parse_filters(filters), membership_id, delimiter)
+        """Build from the filters as stored on the export; `creator_id` for own scope (RLS enforces it too)."""
+        return cls(org_id, parse_filters(filters), membership_id, delimiter, creator_id)
 
     def _where(self) -> list[ColumnElement[bool]]:
-        return [Ticket.org_id == self.org_id, *self.conditions]
+        where = [Ticket.org_id == self.org_id, *self.conditions]
+        if self.creator_id is not None:
+            where.append(Ticket.creator_id == self.creator_id)
+        return where
 
     async def count(self, session: AsyncSession) -> int:
         """Matching tickets visible under the export's RLS context."""
