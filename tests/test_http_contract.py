@@ -311,6 +311,16 @@ async def test_huge_and_unicode_names(api: Api) -> None:
 # --- health and schema --------------------------------------------------------------------------------------
 
 
+async def test_authentication_comes_before_reading_the_body(api: Api) -> None:
+    # A client without a valid token learns only that: not whether its body or the org would have worked.
+    for headers in ({}, {"Authorization": "Bearer spc_unknown"}):
+        for body in (b"{not json", b"[" * 10_000, b'{"name": 1, "extra": true}'):
+            r = await api.call("POST", "/orgs", headers={**headers, "content-type": "application/json"}, content=body)
+            assert_problem(r, 401, "unauthenticated")
+        r = await api.call("POST", f"/orgs/{uuid.uuid4()}/exports", headers=headers, content=b"{bad")
+        assert_problem(r, 401, "unauthenticated")
+
+
 async def test_health(api: Api) -> None:
     r = await api.call("GET", "/health")
     assert r.status_code == 200, r.text
@@ -333,3 +343,10 @@ async def test_openapi_is_served(api: Api) -> None:
     ):
         assert path in paths, sorted(paths)
     assert {"get", "post"} <= set(paths["/orgs"])
+    # Clients and fuzzers learn from the document that a bearer token is expected.
+    assert doc["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "API token",
+    }
+    assert doc["security"] == [{"bearer": []}]

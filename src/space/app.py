@@ -8,8 +8,10 @@ from contextlib import asynccontextmanager
 from litestar import Litestar
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme
 
 from space.auth.deps import DEPENDENCIES
+from space.auth.middleware import AUTHENTICATION
 from space.config import Settings
 from space.db import Database, app_url
 from space.errors import EXCEPTION_HANDLERS
@@ -49,7 +51,17 @@ def create_app(settings: Settings) -> Litestar:
         route_handlers=[health, me, orgs_router, projects_router, tickets_router, ExportController],
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,
+        middleware=[AUTHENTICATION],
         lifespan=[lifespan],
         request_max_body_size=MAX_BODY_BYTES,
-        openapi_config=OpenAPIConfig(title="Space", version="1", path="/schema", render_plugins=[JsonRenderPlugin()]),
+        openapi_config=OpenAPIConfig(
+            title="Space",
+            version="1",
+            path="/schema",
+            render_plugins=[JsonRenderPlugin()],
+            components=Components(
+                security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer", description="API token")}
+            ),
+            security=[{"bearer": []}],
+        ),
     )

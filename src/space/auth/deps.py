@@ -18,7 +18,7 @@ from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath
 from sqlalchemy import select
 
-from space.auth.service import Principal, authenticate
+from space.auth.service import Principal
 from space.db import Tenant, UnitOfWork
 from space.errors import Forbidden, NotFound, OrgDeleting, OrgSuspended
 from space.orgs.models import Membership, Organization, OrgState, Role
@@ -59,8 +59,8 @@ async def provide_uow(state: State) -> AsyncGenerator[UnitOfWork, None]:
 
 
 async def provide_principal(request: Request[Any, Any, Any], uow: NamedDependency[UnitOfWork]) -> Principal:
-    """The caller, from the bearer token (401 otherwise)."""
-    principal = await authenticate(uow.session, request.headers.get("authorization"))
+    """The caller, authenticated by the middleware; their user id becomes part of the tenant context."""
+    principal: Principal = request.user  # set by the authentication middleware
     await uow.retenant(Tenant(user_id=principal.user_id))
     return principal
 
