@@ -219,7 +219,8 @@ async def build(runner: ExportRunner, lease: Lease, heartbeat: Heartbeat | None 
     except TimeoutError:
         raise ExportFailure("timeout", "The export's read took longer than allowed.") from None
     except DBAPIError as exc:
-        if isinstance(exc.orig, psycopg.errors.QueryCanceled):
+        # statement_timeout cancels the query; PostgreSQL 17+'s transaction_timeout ends the session.
+        if isinstance(exc.orig, (psycopg.errors.QueryCanceled, psycopg.errors.TransactionTimeout)):
             raise ExportFailure("timeout", "The export's read took longer than allowed.") from None
         raise
     await out.close()
