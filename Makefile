@@ -27,6 +27,15 @@ test: lint
 test-faults: install
 	$(BIN)/pytest -m faults
 
+# A guarded CSV through headless LibreOffice (not part of `make test`: it needs LibreOffice, installed here
+# from the distribution's packages when `soffice` is missing).
+test-spreadsheet: install
+	@command -v soffice >/dev/null 2>&1 || { \
+	  echo "soffice not found: installing LibreOffice Calc (headless) with apt-get"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libreoffice-calc-nogui; }
+	$(BIN)/pytest tests/spreadsheet/check_roundtrip.py -v -rP
+
 bench: install
 	$(BIN)/python -m benchmarks.run
 

@@ -1,11 +1,21 @@
-"""`make bench`: a tickets CSV export and a JSON snapshot through the real API and a real worker process,
-each beside PostgreSQL's own COPY of the same rows (CSV; JSON built by PostgreSQL), in the same run.
+"""`make bench`: exports through the real API and a real worker process, each beside PostgreSQL's own COPY.
 
-Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a temporary folder. Each run
-makes a fresh database, seeds it set-based, starts `space api` and `space worker` as child processes, and
-drops the database at the end. Prints one line per case and writes benchmarks/results/latest.json.
+Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a temporary folder. One run:
 
-    python -m benchmarks.run [--rows 100000] [--tasks 100000]
+1. a fresh database, migrated; two orgs seeded set-based (`space.demo`): 100,000 tickets, and 1,000,000
+   tickets plus 1,000,000 tasks; then VACUUM ANALYZE, as autovacuum would have done to any table that size;
+2. `space api` and `space worker` as two child processes, warmed up by one small unmeasured export of each
+   kind; per case: PostgreSQL's COPY of the same rows to a file (psycopg), then create the export through
+   the API, poll until completed, download it to a file.
+   export_seconds = completedAt - createdAt as the database recorded them; download_seconds = wall time of
+   the GET; peak RSS = VmHWM of each process, reset (/proc/<pid>/clear_refs) before each case;
+3. `space up` (API and worker in one process, one event loop): the 1M tickets export again while the
+   status route is polled back to back; its latencies show whether the export blocks the event loop.
+
+Prints one line per case on stdout and writes them to benchmarks/results/latest.json; progress and the
+status-route latencies go to stderr (and results/status_latency.json).
+
+    python -m benchmarks.run [--tickets 1000000] [--small-tickets 100000] [--tasks 1000000]
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import contextlib
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,7 +34,9 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -36,32 +49,45 @@ from space.db.migrate import upgrade
 from space.demo import seed_org
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TIMEOUT = 900.0
+TIMEOUT = 600.0
+PROJECTS = 20
+"""Projects of the large org (space.demo makes min(20, tasks / 10))."""
 
 
 @dataclass
 class Case:
-    """One measured case. export_seconds = completedAt - createdAt as the database recorded them;
-    queue_seconds = startedAt - createdAt (the part spent before a worker claimed it)."""
+    """One measured case, exactly the fields of its printed line."""
 
     case: str
     rows: int
     export_seconds: float
-    queue_seconds: float
     download_seconds: float
     copy_seconds: float
     export_ratio: float
     download_ratio: float
-    export_rows_per_second: float
-    copy_rows_per_second: float
-    bytes: int
-    copy_bytes: int
     worker_peak_rss_mib: float
     api_peak_rss_mib: float
 
     def line(self) -> str:
-        """The one-line summary."""
-        return " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in asdict(self).items())
+        """`case=<name> rows=<n> export_seconds=<s> ...`."""
+        return " ".join(f"{k}={_fmt(v)}" for k, v in asdict(self).items())
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+@dataclass
+class Org:
+    """A seeded org and the tokens of its people."""
+
+    id: str
+    people: dict[str, str]
+
+
+def log(message: str) -> None:
+    """Progress on stderr (stdout carries only the result lines)."""
+    print(message, file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -101,7 +127,7 @@ def free_port() -> int:
 
 
 def spawn(command: str, url: str, port: int) -> subprocess.Popen[bytes]:
-    """`space <command>` as a child process on the given database."""
+    """`space <command>` as a child process on the given database, with default settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
     env.update({"DATABASE_URL": url, "SPACE_PORT": str(port), "SPACE_HOST": "127.0.0.1"})
     return subprocess.Popen(
@@ -112,12 +138,21 @@ def spawn(command: str, url: str, port: int) -> subprocess.Popen[bytes]:
     )
 
 
-def peak_rss_mib(proc: subprocess.Popen[bytes]) -> float:
-    """VmHWM (peak resident set) of a live child, from /proc."""
+def _status(proc: subprocess.Popen[bytes], field: str) -> float:
     for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def peak_rss_mib(proc: subprocess.Popen[bytes]) -> float:
+    """VmHWM (peak resident set since the last reset) of a live child, from /proc."""
+    return _status(proc, "VmHWM")
+
+
+def reset_peak_rss(proc: subprocess.Popen[bytes]) -> None:
+    """Start a new peak: VmHWM := current RSS (Linux: `5` into clear_refs)."""
+    Path(f"/proc/{proc.pid}/clear_refs").write_text("5")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -131,70 +166,87 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-async def seed(url: str, rows: int, tasks: int) -> tuple[str, str]:
-    """An org with `rows` tickets and `tasks` tasks (tricky titles); returns (org id, the owner's token)."""
+async def seed(url: str, orgs: dict[str, tuple[int, int]]) -> dict[str, Org]:
+    """Orgs named as given with (tickets, tasks) each, seeded side by side; then VACUUM ANALYZE."""
     settings = load_settings({}, database_url=url)
     assert settings.database_url
     db = Database(app_url(settings.database_url), application_name="space-bench-seed")
     try:
-        people = await seed_org(db, "Bench", tickets=rows, tasks=tasks)
+        seeded = await asyncio.gather(*(seed_org(db, name, tickets=n, tasks=m) for name, (n, m) in orgs.items()))
     finally:
         await db.dispose()
-    owner = next(p for p in people if p.role == "owner")
-    with psycopg.connect(url) as conn:
-        org = conn.execute("SELECT id FROM organizations WHERE name = 'Bench'").fetchone()
-    assert org is not None
-    return str(org[0]), owner.token
+    out: dict[str, Org] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name, people in zip(orgs, seeded, strict=True):
+            row = conn.execute("SELECT id FROM organizations WHERE name = %s", (name,)).fetchone()
+            assert row is not None
+            out[name] = Org(str(row[0]), {p.role: p.token for p in people})
+        conn.execute("VACUUM ANALYZE")
+    return out
 
 
-async def wait_healthy(client: httpx.AsyncClient) -> None:
+async def wait_healthy(client: httpx.AsyncClient, proc: subprocess.Popen[bytes]) -> None:
     """Until GET /health answers."""
     deadline = time.monotonic() + 60
     while True:
         with contextlib.suppress(httpx.TransportError):
             if (await client.get("/health")).status_code == 200:
                 return
-        if time.monotonic() > deadline:
+        if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError("the API did not start")
         await asyncio.sleep(0.1)
 
 
-async def export_through_api(
-    client: httpx.AsyncClient, org_id: str, kind: str, out: Path
-) -> tuple[float, float, float, int, int]:
-    """Create, wait for completed, download. Returns (export s, queue s, download s, rows, bytes)."""
-    r = await client.post(f"/orgs/{org_id}/exports", json={"kind": kind})
+def _empty(folder: Path) -> None:
+    for f in folder.iterdir():
+        f.unlink()
+
+
+def _ts(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+async def create_and_wait(
+    client: httpx.AsyncClient, org: Org, role: str, kind: str, *, poll: float = 0.25
+) -> tuple[dict[str, Any], list[float]]:
+    """Create an export as `role`, poll its status until it finishes. Returns it and each poll's latency.
+
+    The export's time is what the database recorded, not when a poll saw it finish: polling slowly only
+    keeps the API from taking CPU from the export.
+    """
+    auth = {"Authorization": f"Bearer {org.people[role]}"}
+    r = await client.post(f"/orgs/{org.id}/exports", json={"kind": kind}, headers=auth)
     r.raise_for_status()
     export_id = r.json()["id"]
+    latencies: list[float] = []
     deadline = time.monotonic() + TIMEOUT
     while True:
-        status = (await client.get(f"/orgs/{org_id}/exports/{export_id}")).json()
+        started = time.perf_counter()
+        status = (await client.get(f"/orgs/{org.id}/exports/{export_id}", headers=auth)).json()
+        latencies.append(time.perf_counter() - started)
         if status["state"] in ("completed", "failed", "cancelled"):
             break
         if time.monotonic() > deadline:
             raise RuntimeError(f"export not finished: {status}")
-        await asyncio.sleep(0.05)
+        if poll:
+            await asyncio.sleep(poll)
     if status["state"] != "completed":
         raise RuntimeError(f"export {status['state']}: {status['errorCode']}")
-    created = _ts(status["createdAt"])
-    completed = _ts(status["completedAt"])
-    started = time.perf_counter()
+    return status, latencies
+
+
+async def download(client: httpx.AsyncClient, org: Org, role: str, export_id: str, out: Path) -> tuple[float, int]:
+    """GET the result into a file. Returns (seconds, bytes)."""
+    auth = {"Authorization": f"Bearer {org.people[role]}"}
     size = 0
+    started = time.perf_counter()
     with out.open("wb") as f:
-        async with client.stream("GET", f"/orgs/{org_id}/exports/{export_id}/result") as resp:
+        async with client.stream("GET", f"/orgs/{org.id}/exports/{export_id}/result", headers=auth) as resp:
             resp.raise_for_status()
             async for chunk in resp.aiter_raw():
                 size += len(chunk)
                 f.write(chunk)
-    download = time.perf_counter() - started
-    queued = _ts(status["startedAt"]) - created
-    return completed - created, queued, download, int(status["rowCount"]), size
-
-
-def _ts(value: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return time.perf_counter() - started, size
 
 
 COPY_QUERIES = {
@@ -224,63 +276,134 @@ def copy_rows(url: str, kind: str, org_id: str, out: Path) -> tuple[float, int]:
     return time.perf_counter() - started, size
 
 
-async def run(rows: int, tasks: int) -> list[Case]:
-    """Every case, in one run against a fresh database."""
+async def separate_processes(
+    url: str, orgs: dict[str, Org], plan: list[tuple[str, str, str]], tmp: Path
+) -> tuple[list[Case], list[str]]:
+    """Each case through `space api` + `space worker`, beside its COPY."""
+    port = free_port()
+    api = spawn("api", url, port)
+    worker = spawn("worker", url, port)
     cases: list[Case] = []
-    with server() as admin, fresh_database(admin) as url, tempfile.TemporaryDirectory() as tmp:
-        print(f"seeding {rows} tickets and {tasks} tasks ...", file=sys.stderr)
-        org_id, token = await seed(url, rows, tasks)
-        port = free_port()
-        api = spawn("api", url, port)
-        worker = spawn("worker", url, port)
-        measured = []
-        try:
-            headers = {"Authorization": f"Bearer {token}"}
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=TIMEOUT) as c:
-                await wait_healthy(c)
-                for kind in ("tickets_csv", "snapshot"):
-                    print(f"{kind}: exporting through the API and the worker ...", file=sys.stderr)
-                    result = await export_through_api(c, org_id, kind, Path(tmp) / f"export-{kind}")
-                    # Peak RSS so far (VmHWM never decreases): it includes every earlier case.
-                    measured.append((kind, result, peak_rss_mib(worker), peak_rss_mib(api)))
-        finally:
-            stop(worker)
-            stop(api)
-        for kind, (export_s, queue_s, download_s, n, size), worker_rss, api_rss in measured:
-            print(f"{kind}: COPY ...", file=sys.stderr)
-            copy_s, copy_size = copy_rows(url, kind, org_id, Path(tmp) / f"copy-{kind}")
-            cases.append(
-                Case(
-                    case=kind,
-                    rows=n,
-                    export_seconds=export_s,
-                    queue_seconds=queue_s,
-                    download_seconds=download_s,
-                    copy_seconds=copy_s,
-                    export_ratio=export_s / copy_s,
-                    download_ratio=download_s / copy_s,
-                    export_rows_per_second=n / export_s,
-                    copy_rows_per_second=n / copy_s,
-                    bytes=size,
-                    copy_bytes=copy_size,
-                    worker_peak_rss_mib=worker_rss,
-                    api_peak_rss_mib=api_rss,
+    export_ids: list[str] = []
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
+            await wait_healthy(client, api)
+            # One small unmeasured export of each kind first: pools, lazily imported code and the allocator's
+            # arenas are then in place, so the first case's memory is not a fresh process's.
+            for role, kind in (("member", "tickets_csv"), ("admin", "snapshot")):
+                warm, _ = await create_and_wait(client, orgs[plan[0][1]], role, kind)
+                await download(client, orgs[plan[0][1]], role, warm["id"], tmp / "warm-up")
+            for name, org_name, kind in plan:
+                org = orgs[org_name]
+                log(f"{name}: COPY ...")
+                copy_s, _ = copy_rows(url, kind, org.id, tmp / f"copy-{name}")
+                for proc in (api, worker):
+                    reset_peak_rss(proc)
+                log(f"{name}: export through the API and the worker ...")
+                status, _ = await create_and_wait(client, org, "owner", kind)
+                export_ids.append(status["id"])
+                download_s, size = await download(client, org, "owner", status["id"], tmp / f"export-{name}")
+                assert size == status["byteSize"], (size, status["byteSize"])
+                export_s = _ts(status["completedAt"]) - _ts(status["createdAt"])
+                cases.append(
+                    Case(
+                        case=name,
+                        rows=int(status["rowCount"]),
+                        export_seconds=export_s,
+                        download_seconds=download_s,
+                        copy_seconds=copy_s,
+                        export_ratio=export_s / copy_s,
+                        download_ratio=download_s / copy_s,
+                        worker_peak_rss_mib=peak_rss_mib(worker),
+                        api_peak_rss_mib=peak_rss_mib(api),
+                    )
                 )
-            )
-    return cases
+                queued = _ts(status["startedAt"]) - _ts(status["createdAt"])
+                log(f"{name}: waited {queued:.3f} s for a worker, ran {export_s - queued:.3f} s, {size} bytes")
+                _empty(tmp)
+    finally:
+        stop(worker)
+        stop(api)
+    return cases, export_ids
+
+
+async def in_process(url: str, org: Org, finished: str) -> dict[str, Any]:
+    """`space up`: the 1M tickets export in the process that serves HTTP, its status route polled meanwhile."""
+    port = free_port()
+    up = spawn("up", url, port)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
+            await wait_healthy(client, up)
+            idle = await poll_idle(client, org, "owner", finished, 50)
+            # Another staff member than the cases' owner: the rate limit (3 a minute) is per user and org.
+            status, latencies = await create_and_wait(client, org, "admin", "tickets_csv", poll=0)
+    finally:
+        stop(up)
+    busy = sorted(x * 1000 for x in latencies)
+    return {
+        "case": "space_up_tickets_csv",
+        "rows": int(status["rowCount"]),
+        "export_seconds": round(_ts(status["completedAt"]) - _ts(status["createdAt"]), 3),
+        "status_polls": len(busy),
+        "status_p50_ms": round(statistics.median(busy), 1),
+        "status_p99_ms": round(busy[min(len(busy) - 1, int(len(busy) * 0.99))], 1),
+        "status_max_ms": round(busy[-1], 1),
+        "idle_status_p50_ms": round(statistics.median(idle), 1),
+        "idle_status_max_ms": round(max(idle), 1),
+    }
+
+
+async def poll_idle(client: httpx.AsyncClient, org: Org, role: str, export_id: str, n: int) -> list[float]:
+    """Latencies (ms) of the status route with no export running, for comparison."""
+    auth = {"Authorization": f"Bearer {org.people[role]}"}
+    out = []
+    for _ in range(n):
+        started = time.perf_counter()
+        (await client.get(f"/orgs/{org.id}/exports/{export_id}", headers=auth)).raise_for_status()
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+async def run(tickets: int, small_tickets: int, tasks: int) -> tuple[list[Case], dict[str, Any]]:
+    """Every case, in one run against a fresh database."""
+    with server() as admin, fresh_database(admin) as url, tempfile.TemporaryDirectory() as tmp:
+        with psycopg.connect(url) as conn:
+            version = conn.execute("SHOW server_version").fetchone()
+        log(f"PostgreSQL {version[0] if version else '?'}, {os.cpu_count()} CPUs")
+        log(f"seeding {small_tickets} tickets; {tickets} tickets and {tasks} tasks ...")
+        started = time.perf_counter()
+        # The snapshot's rows are its projects (20) and tasks; the default row limit is 1,000,000.
+        orgs = await seed(url, {"Bench100k": (small_tickets, 0), "Bench1M": (tickets, tasks - PROJECTS)})
+        log(f"seeded and vacuumed in {time.perf_counter() - started:.1f} s")
+        plan = [
+            (f"tickets_csv_{_size(small_tickets)}", "Bench100k", "tickets_csv"),
+            (f"tickets_csv_{_size(tickets)}", "Bench1M", "tickets_csv"),
+            (f"snapshot_{_size(tasks)}", "Bench1M", "snapshot"),
+        ]
+        cases, cases_export_ids = await separate_processes(url, orgs, plan, Path(tmp))
+        log("space up: the tickets export in the HTTP process, status polled back to back ...")
+        latency = await in_process(url, orgs["Bench1M"], cases_export_ids[-1])
+        log(" ".join(f"{k}={v}" for k, v in latency.items()))
+    return cases, latency
+
+
+def _size(n: int) -> str:
+    return f"{n // 1_000_000}m" if n % 1_000_000 == 0 else f"{n // 1000}k" if n % 1000 == 0 else str(n)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print its lines."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--rows", type=int, default=100_000, help="tickets to export (default 100000)")
-    parser.add_argument("--tasks", type=int, default=100_000, help="tasks in the snapshot (default 100000)")
+    parser.add_argument("--tickets", type=int, default=1_000_000, help="tickets of the large case (1000000)")
+    parser.add_argument("--small-tickets", type=int, default=100_000, help="tickets of the small case (100000)")
+    parser.add_argument("--tasks", type=int, default=1_000_000, help="tasks in the snapshot (1000000)")
     args = parser.parse_args(argv)
-    cases = asyncio.run(run(args.rows, args.tasks))
+    cases, latency = asyncio.run(run(args.tickets, args.small_tickets, args.tasks))
     for case in cases:
         print(case.line())
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps([asdict(c) for c in cases], indent=2) + "\n")
+    (RESULTS / "status_latency.json").write_text(json.dumps(latency, indent=2) + "\n")
 
 
 if __name__ == "__main__":

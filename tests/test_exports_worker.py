@@ -9,11 +9,13 @@ import uuid
 from collections import Counter
 from typing import Any
 
+import psycopg
 from sqlalchemy import event, text
 
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork, app_url
 from space.exports.jobs import run_export
+from space.exports.storage import PgResultStore, ResultKey
 from tests.exports_fixtures import (
     Gate,
     add_project,
@@ -323,3 +325,96 @@ async def test_read_timeout_fails_timeout(api: Api, db: Database, settings: Sett
 
     assert await run_export(runner(quick, db), uid(export["id"]), uid(org.id), gate=stall) == "timeout"
     assert (await job_row(db, org.id, export["id"])).error_code == "timeout"
+
+
+async def test_both_delimiters_give_the_same_records_and_follow_a_rename(
+    api: Api, db: Database, settings: Settings, owner_url: str
+) -> None:
+    # `,` exports concatenate the stored parts; `;` exports rebuild them around the other separator.
+    org = await api.org()
+    titles = [
+        'Quote "inside", comma; semicolon',
+        "line one\nline two\r\nline three",
+        '","',
+        '";"',
+        "=1+1",
+        "\u3000@blank first",
+        "",
+        "x" * 300,
+    ]
+    member = org.memberships["member"]
+    await add_tickets(db, org.id, org.member, titles, assignee_id=member, status="pending", priority="urgent")
+    await add_tickets(db, org.id, org.member, ["unassigned"])
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute("UPDATE users SET name = %s WHERE id = %s", ('+Ann "A", B', org.member.id))
+
+    raw = {}
+    for delimiter in (",", ";"):
+        export = await create_export(api, org, org.member, {"kind": "tickets_csv", "delimiter": delimiter})
+        quick = tuned(settings, export_batch_rows=3)
+        assert await run_export(runner(quick, db), uid(export["id"]), uid(org.id)) == "completed"
+        raw[delimiter] = (await download(api, org, org.member, export["id"])).content
+    comma, semicolon = parse_csv(raw[","]), parse_csv(raw[";"], ";")
+    assert comma == semicolon and len(comma) == 1 + len(titles) + 1
+    assert [rec[1] for rec in comma[1:-1]] == ["'" + t if t in ("=1+1", "\u3000@blank first") else t for t in titles]
+    assert {rec[4] for rec in comma[1:-1]} == {'\'+Ann "A", B'} and comma[-1][4] == ""
+    assert {(rec[2], rec[3]) for rec in comma[1:-1]} == {("pending", "urgent")}
+    for delimiter, body in raw.items():
+        # Every field quoted, every record ended by CRLF, in both forms.
+        first = body.split(b"\r\n")[1]
+        assert first.startswith(b'"') and first.count(f'"{delimiter}"'.encode()) == 6, first
+        assert body.count(b"\r\n") == len(comma) + 1  # header and records, plus the CRLF in the second title
+
+    # A rename after the fact shows in the next export: the cell is looked up in the read's snapshot.
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute("UPDATE users SET name = %s WHERE id = %s", ("Plain Ann", org.member.id))
+    await _age_exports(db, org.id, org.member.id)
+    export = await create_export(api, org, org.member, {"kind": "tickets_csv", "delimiter": ";"})
+    assert await run_export(runner(settings, db), uid(export["id"]), uid(org.id)) == "completed"
+    records = parse_csv((await download(api, org, org.member, export["id"])).content, ";")
+    assert {rec[4] for rec in records[1:-1]} == {"Plain Ann"}
+
+
+async def test_whole_second_timestamps_keep_six_digits(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org()
+    await add_tickets(db, org.id, org.member, ["on the second"])
+    project = await add_project(db, org.id, "P", ["task"])
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=uid(org.id))) as uow:
+        for table in ("tickets", "tasks", "projects"):
+            await uow.session.execute(
+                text(f"UPDATE {table} SET created_at = '2030-01-02 03:04:05+00', updated_at = '2030-01-02 03:04:05+00'")
+            )
+    export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
+    assert await run_export(runner(settings, db), uid(export["id"]), uid(org.id)) == "completed"
+    record = parse_csv((await download(api, org, org.member, export["id"])).content)[1]
+    assert record[5:] == ["2030-01-02T03:04:05.000000Z"] * 2
+    export = await create_export(api, org, org.admin, {"kind": "snapshot"})
+    assert await run_export(runner(settings, db), uid(export["id"]), uid(org.id)) == "completed"
+    body = json.loads((await download(api, org, org.admin, export["id"])).content)
+    assert body["projects"][0]["id"] == str(project)
+    for item in (body["projects"][0], body["tasks"][0]):
+        assert (item["createdAt"], item["updatedAt"]) == ("2030-01-02T03:04:05.000000Z",) * 2
+    assert body["tasks"][0]["dueDate"] is None
+
+
+async def test_the_store_streams_a_chunk_in_bounded_parts(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org()
+    titles = [f"row {i} " + "z" * (i % 40) for i in range(200)]
+    await add_tickets(db, org.id, org.member, titles)
+    export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
+    assert await run_export(runner(tuned(settings, export_chunk_bytes=5000), db), uid(export["id"]), uid(org.id)) == (
+        "completed"
+    )
+    job = await job_row(db, org.id, export["id"])
+    assert job.execution_id is not None and job.byte_size is not None
+    whole = (await download(api, org, org.member, export["id"])).content
+    # A download never holds more than a part of a chunk as one message (libpq keeps buffers that size).
+    parts = [
+        p
+        async for p in PgResultStore(db.sessionmaker, part_bytes=700).read(
+            ResultKey(uid(org.id), uid(export["id"]), job.execution_id)
+        )
+    ]
+    assert b"".join(parts) == whole and len(whole) == job.byte_size
+    assert max(len(p) for p in parts) == 700 and len(parts) >= -(-job.byte_size // 700)
+    assert await chunk_count(db, org.id, export["id"]) == -(-job.byte_size // 5000)

@@ -1,54 +1,118 @@
 """Schema-driven fuzzing over the OpenAPI document (schemathesis), in-process against the ASGI app.
 
+Two orgs, each with members of every role, tickets, projects and finished exports. The fuzzer calls every
+route as people of both orgs (and anonymously), with generated and with real ids of both orgs in the paths:
+no answer is a 5xx, and no answer to one org's token carries anything of the other org. A second test sends
+every route of the document without a token (and with an unknown one): 401 everywhere but /health.
+
 Run alone with `pytest -m fuzz`. Bounded: a few hundred requests, well under a minute.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from litestar.testing import AsyncTestClient
 from schemathesis import GenerationMode
 from schemathesis.python import asgi
 
 from space.app import create_app
 from space.config import Settings
+from space.db import Database
+from space.exports.jobs import run_export
 from tests import helpers
+from tests.exports_fixtures import add_project, add_tickets, create_export, runner, uid
 from tests.helpers import Api, Org
 
 pytestmark = pytest.mark.fuzz
 
-MAX_EXAMPLES = 300
+MAX_EXAMPLES = 600
+PUBLIC = {("GET", "/health")}
+"""Routes anyone may call."""
+
+
+@dataclass
+class Tenant:
+    """One org of the fuzz run, its real ids (to put in paths) and the strings that identify its data."""
+
+    org: Org
+    tag: str
+    exports: list[str] = field(default_factory=list)
+    projects: list[str] = field(default_factory=list)
+    numbers: list[int] = field(default_factory=list)
+    rows: list[str] = field(default_factory=list)
+
+    @property
+    def people(self) -> list[helpers.TestUser]:
+        """Everyone with a role in the org."""
+        o = self.org
+        return [o.owner, o.admin, o.member, o.customer, o.customer2]
+
+    def secrets(self) -> list[str]:
+        """Strings that belong to this org's data; none may reach a caller from the other org."""
+        people = self.people
+        return [
+            self.org.id,
+            *self.org.memberships.values(),
+            *(p.email for p in people),
+            *(str(p.id) for p in people),
+            *self.exports,
+            *self.projects,
+            *self.rows,
+        ]
 
 
 @dataclass(frozen=True)
 class Tenants:
-    """Org A (whose tokens the fuzzer uses) and org B (whose data must never show up)."""
+    """Org A and org B."""
 
-    a: Org
-    b: Org
+    a: Tenant
+    b: Tenant
 
-    def secrets_of_b(self) -> list[str]:
-        """Strings that identify org B's data; none may appear in a response to an A token."""
-        people: list[helpers.TestUser] = [self.b.owner, self.b.admin, self.b.member, self.b.customer, self.b.customer2]
-        return [self.b.id, *self.b.memberships.values(), *(p.email for p in people), *(str(p.id) for p in people)]
+    def other(self, caller: helpers.TestUser | None) -> Tenant | None:
+        """The org whose data must not reach `caller` (None for an anonymous caller: neither may)."""
+        if caller is None:
+            return None
+        return self.b if caller in self.a.people else self.a
 
 
-@pytest.fixture(scope="module")
-async def tenants(api_module: Api) -> Tenants:
-    """Two orgs made through the real API."""
-    return Tenants(await api_module.org("Fuzz A"), await api_module.org("Fuzz B"))
+async def _tenant(api: Api, db: Database, settings: Settings, name: str) -> Tenant:
+    """An org with tickets by staff and customers, a project with a task, and finished exports of each kind."""
+    org = await api.org(name)
+    tag = uuid.uuid4().hex[:12]
+    t = Tenant(org, tag)
+    t.rows = [f"row-{tag}-{i}" for i in range(4)]
+    t.numbers += await add_tickets(db, org.id, org.member, t.rows[:2])
+    t.numbers += await add_tickets(db, org.id, org.customer, t.rows[2:])
+    project = f"project-{tag}"
+    t.projects.append(str(await add_project(db, org.id, project, [f"task-{tag}"])))
+    t.rows += [project, f"task-{tag}"]
+    for user, body in ((org.owner, {"kind": "snapshot"}), (org.customer, {"kind": "tickets_csv"})):
+        export = await create_export(api, org, user, body)
+        assert await run_export(runner(settings, db), uid(export["id"]), uid(org.id)) == "completed"
+        t.exports.append(export["id"])
+    # One left queued, one still to be created by the fuzzer.
+    t.exports.append((await create_export(api, org, org.member, {"kind": "tickets_csv"}))["id"])
+    return t
 
 
 @pytest.fixture(scope="module")
 def api_module(client: Any, users: helpers.UserFactory) -> Api:
     """The `api` helper, for the module."""
     return Api(client, users)
+
+
+@pytest.fixture(scope="module")
+async def tenants(api_module: Api, db: Database, settings: Settings) -> Tenants:
+    """Two orgs made through the real API, with data and exports."""
+    return Tenants(await _tenant(api_module, db, settings, "Fuzz A"), await _tenant(api_module, db, settings, "Fuzz B"))
 
 
 @pytest.fixture(scope="module")
@@ -60,20 +124,34 @@ def schema(settings: Settings) -> Iterator[Any]:
     asgi.shutdown_lifespans()
 
 
+def _real_ids(t: Tenant) -> dict[str, list[str]]:
+    return {
+        "user_id": [str(p.id) for p in t.people],
+        "export_id": t.exports,
+        "project_id": t.projects,
+        "number": [str(n) for n in t.numbers],
+    }
+
+
 def test_openapi_fuzz(schema: Any, tenants: Tenants) -> None:
-    a = tenants.a
-    # Fixed org ids let the fuzzer past the membership check; generated ones probe the 404 path.
-    strategy = st.one_of(
-        schema.as_strategy(GenerationMode.POSITIVE),
-        schema.as_strategy(GenerationMode.NEGATIVE),
-        schema.as_strategy(GenerationMode.POSITIVE, path_parameters={"org_id": a.id}),
-        schema.as_strategy(GenerationMode.NEGATIVE, path_parameters={"org_id": a.id}),
-        schema.as_strategy(GenerationMode.POSITIVE, path_parameters={"org_id": tenants.b.id}),
-    )
-    callers = [a.owner, a.admin, a.member, a.customer, None]
-    targets = [str(a.member.id), str(a.customer2.id), str(tenants.b.member.id), str(tenants.b.owner.id)]
-    secrets = tenants.secrets_of_b()
+    a, b = tenants.a, tenants.b
+    operations_of_doc = _operations(schema)
+    modes = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
+    # Per operation and mode: generated org ids (the 404 path), and A's and B's real ones (past the
+    # membership check). Drawing the operation first gives every route its share of the examples.
+    strategies = {
+        (i, mode, org): op.as_strategy(
+            generation_mode=mode, path_parameters={"org_id": org} if org and "{org_id}" in op.path else None
+        )
+        for i, op in enumerate(operations_of_doc)
+        for mode in modes
+        for org in (None, a.org.id, b.org.id)
+    }
+    callers: list[helpers.TestUser | None] = [*a.people, b.org.owner, b.org.customer, None]
+    real = {k: v + _real_ids(b)[k] for k, v in _real_ids(a).items()}
+    secrets = {"a": a.secrets(), "b": b.secrets()}
     seen: dict[int, int] = {}
+    operations: dict[str, set[int]] = {}
 
     @settings(
         max_examples=MAX_EXAMPLES,
@@ -84,14 +162,19 @@ def test_openapi_fuzz(schema: Any, tenants: Tenants) -> None:
     )
     @given(data=st.data())
     def run(data: st.DataObject) -> None:
-        case = data.draw(strategy)
+        op = data.draw(st.sampled_from(range(len(operations_of_doc))), label="operation")
+        mode = data.draw(st.sampled_from(modes), label="mode")
+        org = data.draw(st.sampled_from([a.org.id, a.org.id, b.org.id, None]), label="org")
+        case = data.draw(strategies[(op, mode, org)])
         caller = data.draw(st.sampled_from(callers))
-        if case.path_parameters and "user_id" in case.path_parameters and data.draw(st.booleans()):
-            # Real member ids of A and B, not only random strings.
-            case.path_parameters["user_id"] = data.draw(st.sampled_from(targets))
+        for name, values in real.items():
+            # Real ids of A and B in the paths, not only random strings.
+            if case.path_parameters and name in case.path_parameters and data.draw(st.booleans()):
+                case.path_parameters[name] = data.draw(st.sampled_from(values))
         headers = dict(caller.headers) if caller is not None else {}
         response = case.call(headers=headers)
         seen[response.status_code] = seen.get(response.status_code, 0) + 1
+        operations.setdefault(f"{case.method} {case.path}", set()).add(response.status_code)
         where = f"{case.method} {case.formatted_path} as {caller.name if caller else 'anonymous'}"
         assert response.status_code < 500, f"{where}: {response.status_code} {response.text[:500]}"
         if response.status_code >= 400:
@@ -101,11 +184,57 @@ def test_openapi_fuzz(schema: Any, tenants: Tenants) -> None:
             if case.method != "HEAD":
                 body = response.json()
                 assert body["status"] == response.status_code and body["code"] and body["detail"], where
+        if caller is None and (case.method, case.path) not in PUBLIC:
+            assert response.status_code == 401, f"{where}: {response.status_code}"
         text = response.content.decode("utf-8", "replace")
-        for secret in secrets:
-            assert secret not in text, f"{where}: org B's {secret} leaked: {text[:500]}"
+        other = tenants.other(caller)
+        for key in ["a", "b"] if other is None else ["a" if other is a else "b"]:
+            for secret in secrets[key]:
+                assert secret not in text, f"{where}: org {key.upper()}'s {secret} leaked: {text[:500]}"
 
     run()
-    # The run reached the handlers, not only the 401/404 gates.
+    # The run reached the handlers, not only the 401/404 gates, and every route of the document.
     assert any(200 <= s < 300 for s in seen), seen
     assert 400 in seen and 404 in seen, seen
+    documented = {f"{op.method.upper()} {op.path}" for op in operations_of_doc}
+    assert documented <= set(operations), sorted(documented - set(operations))
+    # Past the authentication and membership gates on the exports and lifecycle routes too.
+    reached = {op for op, statuses in operations.items() if statuses - {401, 404}}
+    for group in ("/exports", "/suspend", "/reactivate", "/deletion"):
+        assert any(group in op for op in reached), (group, sorted(reached))
+
+
+def _operations(schema: Any) -> list[Any]:
+    return [result.ok() for result in schema.get_all_operations()]
+
+
+async def test_every_route_rejects_a_missing_or_unknown_token(
+    client: AsyncTestClient,  # type: ignore[type-arg]
+    tenants: Tenants,
+) -> None:
+    a = tenants.a
+    doc = (await client.get("/schema/openapi.json")).json()
+    ids = {
+        "org_id": a.org.id,
+        "user_id": str(a.org.member.id),
+        "export_id": a.exports[0],
+        "project_id": a.projects[0],
+        "number": str(a.numbers[0]),
+    }
+    checked = []
+    for path, ops in doc["paths"].items():
+        for method in ops:
+            if method not in {"get", "post", "put", "patch", "delete"} or (method.upper(), path) in PUBLIC:
+                continue
+            url = path.format(**{k: v for k, v in ids.items() if "{" + k + "}" in path})
+            for headers in ({}, {"Authorization": "Bearer spc_not-a-token"}, {"Authorization": "Basic eDp5"}):
+                r = await client.request(method.upper(), url, headers=headers, json={"name": "x"})
+                body = helpers.assert_problem(r, 401, "unauthenticated")
+                assert r.headers["www-authenticate"].startswith("Bearer"), (method, url, r.headers)
+                assert a.org.id not in r.text and not any(s in r.text for s in a.rows), body
+            checked.append(f"{method.upper()} {path}")
+    # Every route of the document, exports and lifecycle included.
+    assert "GET /orgs/{org_id}/exports/{export_id}/result" in checked and "POST /orgs/{org_id}/suspend" in checked
+    assert len(checked) == sum(len(ops) for ops in doc["paths"].values()) - len(PUBLIC), checked
+    r = await client.get("/health")
+    assert r.status_code == 200

@@ -6,6 +6,11 @@ import datetime as dt
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+from sqlalchemy import event, select, text
+
+from space.db import Database, Tenant, UnitOfWork
+from space.tickets.models import Ticket
 from tests.helpers import Api, Org, assert_problem
 
 if TYPE_CHECKING:
@@ -261,3 +266,91 @@ async def test_bad_ticket_input_is_400(api: Api) -> None:
     assert [(t["number"], t["title"], t["status"], t["priority"]) for t in page["items"]] == [
         (1, "Help", "open", "normal")
     ]
+
+
+async def _csv_columns(db: Database, org: Org, number: int) -> tuple[str, str, dt.datetime, dt.datetime]:
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=uuid.UUID(org.id))) as uow:
+        row = (
+            await uow.session.execute(
+                select(Ticket.csv_head, Ticket.csv_tail, Ticket.created_at, Ticket.updated_at).where(
+                    Ticket.org_id == uuid.UUID(org.id), Ticket.number == number
+                )
+            )
+        ).one()
+    return row.csv_head, row.csv_tail, row.created_at, row.updated_at
+
+
+def _utc(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+async def test_stored_csv_text_follows_every_write(api: Api, db: Database) -> None:
+    org = await api.org()
+    n = (await _ticket(api, org, org.customer, '=SUM(A1) "quoted", comma'))["number"]
+    head, tail, created, updated = await _csv_columns(db, org, n)
+    # Guarded (formula start), quoted, inner quotes doubled; the cells after the assignee: both timestamps.
+    assert head == f'"{n}","\'=SUM(A1) ""quoted"", comma","open","normal",'
+    assert tail == f',"{_utc(created)}","{_utc(updated)}"\r\n' and created == updated
+
+    await _patch(api, org, n, status="pending", priority="urgent", assigneeId=org.memberships["member"])
+    head, tail, created2, updated2 = await _csv_columns(db, org, n)
+    assert head == f'"{n}","\'=SUM(A1) ""quoted"", comma","pending","urgent",'
+    assert created2 == created and updated2 > updated
+    assert tail == f',"{_utc(created)}","{_utc(updated2)}"\r\n'
+
+    # A whole second (no fraction) still gets all six fractional digits.
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=uuid.UUID(org.id))) as uow:
+        await uow.session.execute(
+            text("UPDATE tickets SET updated_at = '2030-01-02 03:04:05+00' WHERE org_id = :o AND number = :n"),
+            {"o": uuid.UUID(org.id), "n": n},
+        )
+    assert (await _csv_columns(db, org, n))[1].endswith(',"2030-01-02T03:04:05.000000Z"\r\n')
+
+    plain = (await _ticket(api, org, org.member, "Plain title"))["number"]
+    assert (await _csv_columns(db, org, plain))[0] == f'"{plain}","Plain title","open","normal",'
+    full_width = (await _ticket(api, org, org.member, "\uff0b1 full-width plus"))["number"]
+    assert (await _csv_columns(db, org, full_width))[0].startswith(f'"{full_width}","\'\uff0b1 full-width plus"')
+
+
+async def test_stored_display_name_follows_a_rename(api: Api, db: Database, owner_url: str) -> None:
+    org = await api.org()
+
+    async def csv_name() -> str:
+        async with UnitOfWork(db.sessionmaker) as uow:
+            name = await uow.session.scalar(text("SELECT csv_name FROM users WHERE id = :u"), {"u": org.member.id})
+        return str(name)
+
+    assert await csv_name() == f'"{org.member.name}"'
+    # The app role cannot rename users; an operator (the owner role) can, and the column follows.
+    for name, cell in [('@here "now"', '"\'@here ""now"""'), ("\u00a0-1", '"\'\u00a0-1"'), ("Ann", '"Ann"')]:
+        with psycopg.connect(owner_url, autocommit=True) as conn:
+            conn.execute("UPDATE users SET name = %s WHERE id = %s", (name, org.member.id))
+        assert await csv_name() == cell
+
+
+async def test_a_customer_list_names_its_creator_for_the_planner(api: Api) -> None:
+    org = await api.org()
+    await _ticket(api, org, org.customer, "mine")
+    await _ticket(api, org, org.customer2, "theirs")
+    await _ticket(api, org, org.member, "staff")
+    engine = api.client.app.state.db.engine.sync_engine
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+        if "FROM tickets" in statement:
+            seen.append(statement)
+
+    # RLS alone scopes a customer, in a form the planner cannot use for an index: the page and the count
+    # also say `creator_id = <caller>`, so the (org_id, creator_id, number) index answers them.
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        assert await _numbers(api, org, org.customer) == [1]
+        customer_sql, seen[:] = list(seen), []
+        assert await _numbers(api, org, org.member) == [1, 2, 3]
+        staff_sql = list(seen)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert len(customer_sql) == 2 and all("tickets.creator_id =" in q for q in customer_sql), customer_sql
+    assert staff_sql and not any("tickets.creator_id =" in q for q in staff_sql), staff_sql
+    assert (await _list(api, org, org.customer))["total"] == 1
+    assert await _numbers(api, org, org.customer2) == [2]

@@ -10,15 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import threading
 from typing import Any
 
 from saq import CronJob, Worker
+from saq.types import PartialTimersDict
 
 from space.config import Settings
 from space.db import Database, app_url
 from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_export_job
+from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT, make_queue
 from space.exports.storage import PgResultStore
 from space.orgs.jobs import purge_due_job
@@ -27,6 +30,20 @@ log = logging.getLogger("space.worker")
 
 EVERY_MINUTE = "* * * * *"
 EVERY_FIVE_MINUTES = "*/5 * * * *"
+
+
+def cadence_seconds(settings: Settings) -> int:
+    """How often stuck queue entries are swept and lost ones reconciled: once a lease, at most once a minute.
+
+    A killed worker's export can be claimed again once its lease runs out; finding it sooner gains nothing,
+    and finding it much later leaves it stalled for no reason.
+    """
+    return max(1, min(60, math.ceil(settings.export_lease_seconds)))
+
+
+def every(seconds: int) -> str:
+    """A cron expression for `seconds` (croniter's sixth field is the second)."""
+    return EVERY_MINUTE if seconds >= 60 else f"* * * * * */{seconds}"
 
 
 def build_worker(settings: Settings, *, application_name: str = "space-worker") -> Worker[Any]:
@@ -46,8 +63,12 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
         await db.dispose()
 
     functions: Any = [(RUN_EXPORT, run_export_job)]
+    cadence = cadence_seconds(settings)
+    # SAQ sweeps entries whose heartbeat (one lease) stopped; sweeping once a lease finds them in time.
+    # The other timers are SAQ's defaults (its typing wants every key).
+    timers: PartialTimersDict = {"schedule": 1, "worker_info": 10, "sweep": cadence, "abort": 1}
     cron_jobs: Any = [
-        CronJob(reconcile_exports_job, cron=EVERY_MINUTE, timeout=60),
+        CronJob(reconcile_exports_job, cron=every(cadence), timeout=60),
         CronJob(cleanup_exports_job, cron=EVERY_FIVE_MINUTES, timeout=300),
         CronJob(purge_due_job, cron=EVERY_MINUTE, timeout=300),
     ]
@@ -58,6 +79,11 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
         concurrency=settings.worker_concurrency,
         startup=startup,
         shutdown=shutdown,
+        timers=timers,
+        # On shutdown SAQ cancels running jobs and, after this deadline, cancels them again: a cancelled export
+        # must first get to give itself back (bounded by HAND_BACK_SECONDS) and SAQ to requeue its entry.
+        # SAQ's default (1 s) cut the hand-back short, leaving the export to wait out its lease.
+        cancellation_hard_deadline_s=HAND_BACK_SECONDS + 3,
     )
     # Signals are decided by run_worker: inside `space up` they belong to the API server.
     worker.SIGNALS = []

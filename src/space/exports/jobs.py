@@ -28,8 +28,8 @@ from space.exports import lease as leases
 from space.exports.lease import Built, ExportFailure, Lease, LeaseLost
 from space.exports.models import ExportJob, ExportKind, ExportScope, ExportState
 from space.exports.queue import enqueue_export, has_live_entry
-from space.exports.storage import ResultKey, ResultStore
-from space.exports.writers import Snapshot, TicketsCsv, Writer, iso
+from space.exports.storage import ChunkSink, ResultKey, ResultStore
+from space.exports.writers import ReadAhead, Snapshot, TicketsCsv, Writer, iso
 from space.orgs.models import Organization
 from space.orgs.service import lock_org
 
@@ -65,7 +65,13 @@ def key_of(lease: Lease) -> ResultKey:
 
 @dataclass
 class ChunkWriter:
-    """Cuts the byte stream into fixed-size chunks, hashing and counting as it goes; enforces the byte limit."""
+    """Cuts the byte stream into fixed-size chunks, hashing and counting as it goes; enforces the byte limit.
+
+    Two buffers of one chunk each, allocated once: one is hashed and stored in the background (through the
+    store's sink, one connection for the execution) while the other fills, so the read never waits for an
+    insert and memory stays at two chunks, whatever the size of the result. `close` stores the rest and waits;
+    `discard` waits for the write in flight without storing more.
+    """
 
     store: ResultStore
     key: ResultKey
@@ -73,39 +79,89 @@ class ChunkWriter:
     byte_limit: int
     total: int = 0
     seq: int = 0
-    buffer: bytearray = field(default_factory=bytearray)
     digest: Any = field(default_factory=hashlib.sha256)
+    filled: int = 0
+    buffer: bytearray = field(default_factory=bytearray)
+    spare: bytearray = field(default_factory=bytearray)
+    pending: asyncio.Task[None] | None = None
+    sink: ChunkSink | None = None
+    exits: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes; store every full chunk."""
-        if self.total + len(data) > self.byte_limit:
+        size = len(data)
+        if self.total + size > self.byte_limit:
             raise ExportFailure("too_large", f"The result exceeds {self.byte_limit} bytes.")
-        self.total += len(data)
-        self.digest.update(data)
-        self.buffer += data
-        while len(self.buffer) >= self.chunk_bytes:
-            await self._put(bytes(self.buffer[: self.chunk_bytes]))
-            del self.buffer[: self.chunk_bytes]
+        self.total += size
+        view = memoryview(data).cast("B")
+        while view:
+            if not self.buffer:
+                self.buffer = bytearray(self.chunk_bytes)
+            n = min(len(view), self.chunk_bytes - self.filled)
+            self.buffer[self.filled : self.filled + n] = view[:n]
+            self.filled += n
+            view = view[n:]
+            if self.filled == self.chunk_bytes:
+                await self._put()
 
     async def close(self) -> None:
-        """Store the last partial chunk."""
-        if self.buffer or self.seq == 0:
-            await self._put(bytes(self.buffer))
-            self.buffer.clear()
+        """Store the last partial chunk and wait until every chunk is stored."""
+        if self.filled or self.seq == 0:
+            await self._put()
+        await self._settle()
+        await self.exits.aclose()
+        self.buffer = self.spare = bytearray()
 
-    async def _put(self, data: bytes) -> None:
-        await self.store.write(self.key, self.seq, data)
+    async def discard(self) -> None:
+        """After a failure: wait for the chunk in flight (its error is moot), so no write lands afterwards."""
+        if self.pending is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.pending)
+            self.pending = None
+        with contextlib.suppress(Exception):
+            await self.exits.aclose()
+        self.buffer = self.spare = bytearray()
+
+    async def _settle(self) -> None:
+        if self.pending is not None:
+            task, self.pending = self.pending, None
+            await task
+
+    async def _store(self, sink: ChunkSink, seq: int, data: memoryview) -> None:
+        # Chunks are hashed in order (one in flight at a time), in a thread: hashlib lets go of the GIL, so the
+        # event loop (the read, and in `space up` the API) runs meanwhile.
+        await asyncio.gather(asyncio.to_thread(self.digest.update, data), sink.write(seq, data))
+
+    async def _put(self) -> None:
+        # The spare buffer is free once the write in flight (which reads it) has finished.
+        await self._settle()
+        if self.sink is None:
+            self.sink = await self.exits.enter_async_context(self.store.sink(self.key))
+        data = memoryview(self.buffer)[: self.filled]
+        self.pending = asyncio.create_task(self._store(self.sink, self.seq, data), name="export-chunk")
         self.seq += 1
+        self.buffer, self.spare, self.filled = self.spare, self.buffer, 0
 
 
 class Heartbeat:
-    """Renews the lease (and touches the SAQ job) every lease/3 seconds while the run is alive."""
+    """Keeps the lease while the run is alive: renews it (and touches the SAQ job) every lease/3 seconds, and
+    writes the progress the run reports.
+
+    Progress is written here, in the background, one fenced write at a time and always the latest value
+    (each write renews the lease as well): the read never stops for it. `settle` waits until the latest
+    value is written; a write that finds the lease gone marks the run lost.
+    """
 
     def __init__(self, runner: ExportRunner, lease: Lease) -> None:
         self.runner = runner
         self.lease = lease
         self.lost = False
         self._task: asyncio.Task[None] | None = None
+        self._wanted: int | None = None
+        self._written: int | None = None
+        self._wake = asyncio.Event()
+        self._settled = asyncio.Event()
+        self._settled.set()
 
     def start(self) -> None:
         """Begin renewing in the background."""
@@ -123,22 +179,51 @@ class Heartbeat:
         if self.lost:
             raise LeaseLost(f"execution {self.lease.execution_id} lost its lease")
 
+    def report(self, progress: int) -> None:
+        """Have `progress` written soon; it replaces a value not written yet."""
+        self._wanted = progress
+        self._settled.clear()
+        self._wake.set()
+
+    async def settle(self) -> None:
+        """Wait until the latest reported progress has been written (or its write has failed), then `check`."""
+        if self._task is not None and not self._task.done():
+            await self._settled.wait()
+        self.check()
+
     async def _beat(self) -> None:
+        loop = asyncio.get_running_loop()
         interval = self.runner.settings.export_lease_seconds / 3
+        due = loop.time() + interval
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, due - loop.time()))
+            self._wake.clear()
+            progress, beat = self._wanted, loop.time() >= due
+            if progress is not None and progress != self._written:
+                write = leases.report_progress(self.runner.db.sessionmaker, self.runner.settings, self.lease, progress)
+            elif beat:
+                write = leases.extend(self.runner.db.sessionmaker, self.runner.settings, self.lease)
+            else:
+                self._settled.set()
+                continue
             try:
-                await leases.extend(self.runner.db.sessionmaker, self.runner.settings, self.lease)
+                await write
+                self._written = progress
             except LeaseLost:
                 self.lost = True
+                self._settled.set()
                 return
             except Exception:
-                # A failed renewal is not a lost lease; the next beat (or a fenced write) decides.
+                # A failed write is not a lost lease; the next beat (or a fenced write) decides.
                 log.warning("lease renewal of export %s failed", self.lease.export_id, exc_info=True)
-                continue
-            if self.runner.job is not None:
-                with contextlib.suppress(Exception):
-                    await self.runner.job.update()
+            if self._wanted == progress:
+                self._settled.set()
+            if beat:
+                due = loop.time() + interval
+                if self.runner.job is not None:
+                    with contextlib.suppress(Exception):
+                        await self.runner.job.update()
 
 
 async def claim(runner: ExportRunner, export_id: uuid.UUID, org_id: uuid.UUID) -> Lease | None:
@@ -206,24 +291,37 @@ async def build(runner: ExportRunner, lease: Lease, heartbeat: Heartbeat | None 
             await _prefer_keyset_plans(uow)
             await gate("counted", lease)
             await out.write(writer.header(snapshot_at[1]))
-            async for batch in writer.batches(uow.session, settings.export_batch_rows):
-                await out.write(batch.data)
-                if not batch.rows:
-                    continue
-                rows += batch.rows
-                if heartbeat is not None:
-                    heartbeat.check()
-                await leases.report_progress(runner.db.sessionmaker, settings, lease, progress_of(rows, total))
-                await gate("batch", lease)
+            # The snapshot's backend reads the next batches while this task stores and reports the current one.
+            async with ReadAhead(writer.batches(uow.session, settings.export_batch_rows)) as batches:
+                async for batch in batches:
+                    await out.write(batch.data)
+                    if not batch.rows:
+                        continue
+                    rows += batch.rows
+                    if heartbeat is None:
+                        await leases.report_progress(runner.db.sessionmaker, settings, lease, progress_of(rows, total))
+                    else:
+                        heartbeat.check()
+                        heartbeat.report(progress_of(rows, total))
+                        if gate is not _open:
+                            # Whoever stops the run here sees this batch's progress written.
+                            await heartbeat.settle()
+                    await gate("batch", lease)
             await out.write(writer.footer())
-    except TimeoutError:
-        raise ExportFailure("timeout", "The export's read took longer than allowed.") from None
-    except DBAPIError as exc:
-        # statement_timeout cancels the query; PostgreSQL 17+'s transaction_timeout ends the session.
-        if isinstance(exc.orig, (psycopg.errors.QueryCanceled, psycopg.errors.TransactionTimeout)):
+        await out.close()
+        if heartbeat is not None:
+            await heartbeat.settle()
+    except BaseException as exc:
+        # No chunk write may land after a failure is recorded (the failure deletes the execution's chunks).
+        await out.discard()
+        if isinstance(exc, TimeoutError):
+            raise ExportFailure("timeout", "The export's read took longer than allowed.") from None
+        # statement_timeout cancels the query; PostgreSQL 17+'s transaction_timeout ends the session. Batches
+        # run on the driver connection itself, so its errors arrive unwrapped too.
+        cause = exc.orig if isinstance(exc, DBAPIError) else exc
+        if isinstance(cause, (psycopg.errors.QueryCanceled, psycopg.errors.TransactionTimeout)):
             raise ExportFailure("timeout", "The export's read took longer than allowed.") from None
         raise
-    await out.close()
     return Built(row_count=rows, byte_size=out.total, sha256=out.digest.hexdigest(), snapshot_at=snapshot_at[0])
 
 
@@ -285,7 +383,7 @@ async def run_export(runner: ExportRunner, export_id: uuid.UUID, org_id: uuid.UU
     except asyncio.CancelledError:
         # Shutdown or SAQ's timeout: hand the export back so the next claim need not wait for the lease.
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(leases.release(runner.db.sessionmaker, lease), timeout=2)
+            await asyncio.wait_for(leases.release(runner.db.sessionmaker, lease), timeout=leases.HAND_BACK_SECONDS)
         raise
     except Exception:
         if lease.attempt >= runner.settings.export_retries:

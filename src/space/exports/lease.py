@@ -19,6 +19,9 @@ from space.db import Tenant, UnitOfWork
 from space.exports.models import ExportJob, ExportScope, ExportState
 from space.orgs.models import Membership, Organization, OrgState, Role
 
+HAND_BACK_SECONDS = 2.0
+"""How long a cancelled run (worker shutdown) may spend giving its export back; the lease covers the rest."""
+
 
 class LeaseLost(Exception):
     """A fenced write matched no row: another execution owns the export now, or it was cancelled."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
-from sqlalchemy import ForeignKey
+from sqlalchemy import Computed, ForeignKey
 from sqlalchemy.orm import Mapped, mapped_column
 
 from space.db.base import Base, created_at, updated_at, uuid_pk
@@ -26,6 +26,13 @@ class Ticket(Base):
     assignee_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("memberships.id"))
     created_at: Mapped[dt.datetime] = created_at()
     updated_at: Mapped[dt.datetime] = updated_at()
+    # The CSV export's text, kept by PostgreSQL on every write (migration 0004); only the export reads them.
+    csv_head: Mapped[str] = mapped_column(
+        Computed("space_csv_head(number, title, status, priority)", persisted=True), deferred=True
+    )
+    csv_tail: Mapped[str] = mapped_column(
+        Computed("space_csv_tail(created_at, updated_at)", persisted=True), deferred=True
+    )
 
 
 class TicketCounter(Base):

@@ -71,6 +71,11 @@ async def list_tickets(ctx: MemberContext, filters: TicketFilters, page: int, pa
     """One page of the tickets the caller may see (RLS narrows customers to their own), by number."""
     membership_id = ctx.membership.id if ctx.membership else None
     conds = [models.Ticket.org_id == ctx.org.id, *ticket_conditions(filters, membership_id)]
+    if ctx.role is Role.customer:
+        # RLS already narrows a customer to their own tickets, but its setting-based predicate is opaque to the
+        # planner: it walked the org's whole (org_id, number) index to find a few rows (0.6 s at 1M tickets).
+        # Said plainly, the (org_id, creator_id, number) index answers the page and the count directly.
+        conds.append(models.Ticket.creator_id == ctx.principal.user_id)
     session = ctx.uow.session
     total = await session.scalar(select(func.count()).select_from(models.Ticket).where(*conds))
     rows = await session.execute(

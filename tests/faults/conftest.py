@@ -1,0 +1,87 @@
+"""Fixtures of the fault tests: a database of their own (so no other test's queue entries reach their
+workers), one real API process on it, and the worker processes each test starts."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from psycopg import sql
+from sqlalchemy import make_url
+
+from space.db import Database, app_url
+from space.db.migrate import upgrade
+from tests.faults.procs import Owner, Procs
+from tests.helpers import Api, UserFactory
+
+
+@pytest.fixture(scope="session")
+def faults_url(owner_url: str) -> Iterator[str]:
+    """A second fresh database on the test server, migrated: the fault tests' workers see only their jobs."""
+    name = f"space_faults_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = make_url(owner_url).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(owner_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+async def faults_db(faults_url: str) -> AsyncIterator[Database]:
+    """The app role on the faults database (seeding, and calling the cleanup job)."""
+    database = Database(app_url(faults_url), application_name="space-faults-tests")
+    yield database
+    await database.dispose()
+
+
+@pytest.fixture(scope="session")
+def owner(faults_url: str) -> Owner:
+    """The faults database as its owner sees it."""
+    return Owner(faults_url)
+
+
+@pytest.fixture(scope="session")
+async def api_base(faults_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    """One real `space api` process on the faults database, with the same settings as the workers."""
+    procs = Procs(faults_url, tmp_path_factory.mktemp("faults-api"))
+    _, base = await procs.api()
+    try:
+        yield base
+    finally:
+        await procs.close()
+
+
+@pytest.fixture
+async def fapi(api_base: str, faults_db: Database) -> AsyncIterator[Api]:
+    """The `api` helper, over real HTTP to the API process."""
+    async with httpx.AsyncClient(base_url=api_base, timeout=30) as client:
+        yield Api(client, UserFactory(faults_db))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def procs(faults_url: str, tmp_path: Path, owner: Owner, api_base: str) -> AsyncIterator[Procs]:
+    """Worker processes of one test; every one still running is killed at the end.
+
+    Before the test, leftovers of an earlier failed test (unfinished exports, their queue entries) are
+    cancelled so that this test's workers only ever see this test's exports.
+    """
+    await owner.fetch(
+        "UPDATE export_jobs SET state = 'cancelled', error_code = 'cancelled', lease_expires_at = NULL"
+        " WHERE state IN ('queued', 'running')"
+    )
+    await owner.fetch(
+        "DELETE FROM saq.saq_jobs WHERE key NOT LIKE 'cron:%%' AND status NOT IN ('complete', 'failed', 'aborted')"
+    )
+    running = Procs(faults_url, tmp_path)
+    try:
+        yield running
+    finally:
+        await running.close()
