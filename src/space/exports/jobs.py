@@ -312,8 +312,14 @@ async def build(runner: ExportRunner, lease: Lease, heartbeat: Heartbeat | None 
         if heartbeat is not None:
             await heartbeat.settle()
     except BaseException as exc:
-        # No chunk write may land after a failure is recorded (the failure deletes the execution's chunks).
-        await out.discard()
+        if isinstance(exc, asyncio.CancelledError):
+            # Shutdown: the hand-back that follows must not wait on a blocked chunk write. A write landing
+            # later belongs to this execution, which is never published, so the cleanup removes it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(out.discard(), leases.HAND_BACK_SECONDS)
+        else:
+            # No chunk write may land after a failure is recorded (the failure deletes the execution's chunks).
+            await out.discard()
         if isinstance(exc, TimeoutError):
             raise ExportFailure("timeout", "The export's read took longer than allowed.") from None
         # statement_timeout cancels the query; PostgreSQL 17+'s transaction_timeout ends the session. Batches
