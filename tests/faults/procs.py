@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import sys
-import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,7 +29,7 @@ from psycopg.rows import dict_row
 from space.db import Database
 from space.exports.jobs import cleanup
 from space.exports.storage import PgResultStore
-from tests.exports_fixtures import add_tickets, download, parse_csv
+from tests.exports_fixtures import add_tickets, download, parse_csv, wait_for
 from tests.helpers import Api, Org
 
 SPACE = Path(sys.executable).with_name("space")
@@ -75,15 +74,8 @@ def free_port() -> int:
 
 
 async def wait_until(check: Callable[[], Awaitable[Any]], what: str, within: float = WAIT) -> Any:
-    """Poll `check` until it returns something truthy; fail after `within` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:.0f} s waiting for {what}")
-        await asyncio.sleep(0.05)
+    """Poll `check` until it returns something truthy, with the fault tests' longer default bound."""
+    return await wait_for(check, what, within)
 
 
 @dataclass
