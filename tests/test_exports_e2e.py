@@ -10,6 +10,11 @@ import os
 import signal
 import sys
 
+import msgspec
+import pytest
+from litestar.testing import AsyncTestClient
+
+from space.app import create_app
 from space.config import Settings
 from space.db import Database
 from space.worker import run_worker
@@ -98,3 +103,48 @@ async def test_worker_process_exports_then_stops_on_sigterm(api: Api, db: Databa
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+REDIS_URL = os.environ.get("SPACE_TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
+
+
+def _redis_reachable() -> bool:
+    import socket
+    from urllib.parse import urlparse
+
+    u = urlparse(REDIS_URL)
+    try:
+        with socket.create_connection((u.hostname or "127.0.0.1", u.port or 6379), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _redis_reachable(), reason="no Redis to test the optional Redis queue against")
+async def test_export_through_the_optional_redis_queue(api: Api, db: Database, settings: Settings) -> None:
+    # SPACE_QUEUE_URL=redis://... selects SAQ's Redis backend for both enqueueing (API) and the worker.
+    import redis.asyncio as redis
+
+    client = redis.from_url(REDIS_URL)
+    await client.flushdb()
+    await client.aclose()
+    on_redis = msgspec.structs.replace(settings, queue_url=REDIS_URL)
+    org = await api.org()
+    await add_tickets(db, org.id, org.member, ["via redis"])
+    worker = asyncio.create_task(run_worker(on_redis))
+    try:
+        async with AsyncTestClient(app=create_app(on_redis)) as redis_client:
+            rapi = Api(redis_client, api.users)
+            export = await create_export(rapi, org, org.member, {"kind": "tickets_csv"})
+            done = await wait_state(rapi, org, org.member, export["id"], {"completed", "failed"})
+            assert done["state"] == "completed", done
+            records = parse_csv((await download(rapi, org, org.member, export["id"])).content, ",")
+            assert [rec[1] for rec in records[1:]] == ["via redis"]
+        # The job really travelled through Redis (not the PostgreSQL queue).
+        client = redis.from_url(REDIS_URL)
+        assert await client.exists(f"saq:job:space:{export['id']}")
+        await client.aclose()
+    finally:
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(worker, 15)
