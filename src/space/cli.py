@@ -7,11 +7,14 @@ import contextlib
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from space.config import Settings, SettingsError, data_path, load_settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
 
 T = TypeVar("T")
 
@@ -55,6 +58,18 @@ def _with_db(settings: Settings, fn: Callable[[Any], Awaitable[T]]) -> T:
             await db.dispose()
 
     return asyncio.run(main())
+
+
+def _in_transaction(fn: Callable[[AsyncSession], Awaitable[T]]) -> Callable[[Any], Awaitable[T]]:
+    """Adapt `fn(session)` to run in one unit of work (no tenant context) on the db `_with_db` gives."""
+
+    async def run(db: Any) -> T:
+        from space.db import UnitOfWork
+
+        async with UnitOfWork(db.sessionmaker) as uow:
+            return await fn(uow.session)
+
+    return run
 
 
 @click.group()
@@ -135,17 +150,11 @@ def _local_token(settings: Settings) -> str:
     """On the embedded (local) server: a fresh token for the local user, so the printed curl line works."""
     from space.auth import service as auth
 
-    async def go(db: Any) -> str:
-        from space.db import UnitOfWork
+    async def go(session: AsyncSession) -> str:
+        user = await auth.ensure_user(session, "you@localhost", "You")
+        return await auth.issue_token(session, user.id)
 
-        async with UnitOfWork(db.sessionmaker) as uow:
-            try:
-                user = await auth.user_by_email(uow.session, "you@localhost")
-            except Exception:
-                user = await auth.create_user(uow.session, "you@localhost", "You")
-            return await auth.issue_token(uow.session, user.id)
-
-    return _with_db(settings, go)
+    return _with_db(settings, _in_transaction(go))
 
 
 @main.group()
@@ -159,14 +168,12 @@ def users() -> None:
 def users_add(email: str, name: str) -> None:
     """Create a user and print a new token (the last line of output)."""
     from space.auth import service as auth
-    from space.db import UnitOfWork
 
-    async def go(db: Any) -> tuple[str, str]:
-        async with UnitOfWork(db.sessionmaker) as uow:
-            user = await auth.create_user(uow.session, email, name)
-            return str(user.id), await auth.issue_token(uow.session, user.id)
+    async def go(session: AsyncSession) -> tuple[str, str]:
+        user = await auth.create_user(session, email, name)
+        return str(user.id), await auth.issue_token(session, user.id)
 
-    user_id, token = _run_admin(go)
+    user_id, token = _run_admin(_in_transaction(go))
     click.echo(f"created user {email.strip().lower()} ({user_id}); token (shown once):")
     click.echo(token)
 
@@ -181,14 +188,12 @@ def tokens() -> None:
 def tokens_create(email: str) -> None:
     """Print a new token for an existing user."""
     from space.auth import service as auth
-    from space.db import UnitOfWork
 
-    async def go(db: Any) -> str:
-        async with UnitOfWork(db.sessionmaker) as uow:
-            user = await auth.user_by_email(uow.session, email)
-            return await auth.issue_token(uow.session, user.id)
+    async def go(session: AsyncSession) -> str:
+        user = await auth.user_by_email(session, email)
+        return await auth.issue_token(session, user.id)
 
-    click.echo(_run_admin(go))
+    click.echo(_run_admin(_in_transaction(go)))
 
 
 @tokens.command("revoke")
@@ -196,14 +201,12 @@ def tokens_create(email: str) -> None:
 def tokens_revoke(email: str) -> None:
     """Revoke every token of a user."""
     from space.auth import service as auth
-    from space.db import UnitOfWork
 
-    async def go(db: Any) -> int:
-        async with UnitOfWork(db.sessionmaker) as uow:
-            user = await auth.user_by_email(uow.session, email)
-            return await auth.revoke_tokens(uow.session, user.id)
+    async def go(session: AsyncSession) -> int:
+        user = await auth.user_by_email(session, email)
+        return await auth.revoke_tokens(session, user.id)
 
-    click.echo(f"revoked {_run_admin(go)} token(s) of {email}")
+    click.echo(f"revoked {_run_admin(_in_transaction(go))} token(s) of {email}")
 
 
 @main.group()

@@ -12,10 +12,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import select, text
+from sqlalchemy import text
 
 from space.auth import service as auth
-from space.auth.models import User
 from space.db import Database, Tenant, UnitOfWork
 from space.orgs.models import Membership, Organization, Role
 from space.tickets.models import TicketCounter
@@ -57,8 +56,7 @@ class DemoUser:
 
 async def _user(db: Database, email: str, name: str) -> tuple[uuid.UUID, str]:
     async with UnitOfWork(db.sessionmaker) as uow:
-        existing = (await uow.session.execute(select(User).where(User.email == email))).scalar_one_or_none()
-        user = existing or await auth.create_user(uow.session, email, name)
+        user = await auth.ensure_user(uow.session, email, name)
         token = await auth.issue_token(uow.session, user.id)
     return user.id, token
 

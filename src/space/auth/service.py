@@ -64,6 +64,14 @@ async def user_by_email(session: AsyncSession, email: str) -> User:
     return user
 
 
+async def ensure_user(session: AsyncSession, email: str, name: str) -> User:
+    """The user with this email, created with `name` if there is none yet."""
+    try:
+        return await user_by_email(session, email)
+    except NotFound:
+        return await create_user(session, email, name)
+
+
 async def issue_token(session: AsyncSession, user_id: uuid.UUID) -> str:
     """Create a token for the user and return it; only its hash is stored."""
     token = new_token()
