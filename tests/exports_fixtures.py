@@ -20,9 +20,9 @@ from sqlalchemy import select, text, update
 
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
-from space.exports.jobs import ExportRunner
 from space.exports.lease import Lease
 from space.exports.models import ExportChunk, ExportJob
+from space.exports.pipeline import ExportRunner
 from space.exports.storage import PgResultStore
 from space.projects.models import Project, Task
 from space.tickets.models import Ticket, TicketCounter

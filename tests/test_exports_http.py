@@ -10,7 +10,7 @@ import pytest
 
 from space.config import Settings
 from space.db import Database
-from space.exports.jobs import run_export
+from space.exports.pipeline import run_export
 from tests.exports_fixtures import (
     Gate,
     add_tickets,

@@ -16,9 +16,11 @@ from saq.queue.postgres import PostgresQueue
 
 from space.config import Settings
 from space.db import Database, app_url, queue_conninfo
-from space.exports import lease as leases
-from space.exports.jobs import cleanup, publish, reconcile, run_export, run_export_job
-from space.exports.lease import Built, Lease, LeaseLost
+from space.exports.failures import LeaseLost
+from space.exports.jobs import run_export_job
+from space.exports.lease import Built, Lease
+from space.exports.maintenance import cleanup, reconcile
+from space.exports.pipeline import publish, run_export
 from space.exports.queue import RUN_EXPORT, export_job, make_queue
 from space.exports.storage import PgResultStore, ResultKey
 from tests.exports_fixtures import (
@@ -48,13 +50,13 @@ async def _stale_writes_refused(db: Database, settings: Settings, lease_a: Lease
     """Every write A could still make, each fenced on A's execution id: all refused, the row unchanged."""
     before = snapshot(await job_row(db, org_id, lease_a.export_id))
     with pytest.raises(LeaseLost):
-        await leases.report_progress(db.sessionmaker, settings, lease_a, 50)
+        await lease_a.report_progress(50)
     with pytest.raises(LeaseLost):
-        await leases.fail(db.sessionmaker, lease_a, "too_large")
+        await lease_a.fail("too_large")
     with pytest.raises(LeaseLost):
-        await leases.extend(db.sessionmaker, settings, lease_a)
+        await lease_a.renew()
     with pytest.raises(LeaseLost):
-        await leases.release(db.sessionmaker, lease_a)
+        await lease_a.hand_back()
     fake = Built(row_count=1, byte_size=1, sha256="0" * 64, snapshot_at=dt.datetime.now(dt.UTC))
     with pytest.raises(LeaseLost):
         await publish(runner(settings, db), lease_a, fake)
@@ -262,13 +264,13 @@ async def test_reconciler_requeues_lost_and_expired_jobs(
         assert await queue.job(lost["id"]) is not None  # enqueued after the create committed
         await _drop_queue_entry(owner_url, uid(lost["id"]))
         # A worker claimed `stalled` and died: lease expired, its queue entry gone.
-        assert await leases.claim(db.sessionmaker, settings, uid(stalled["id"]), oid) is not None
+        assert await Lease.claim(db, settings, uid(stalled["id"]), oid) is not None
         await expire_lease(db, org.id, stalled["id"])
         await _drop_queue_entry(owner_url, uid(stalled["id"]))
         # `exhausted` was claimed twice and both workers died; two attempts are all it may have.
         two = tuned(settings, export_retries=2)
         for _ in range(2):
-            assert await leases.claim(db.sessionmaker, two, uid(exhausted["id"]), oid) is not None
+            assert await Lease.claim(db, two, uid(exhausted["id"]), oid) is not None
             await expire_lease(db, org.id, exhausted["id"])
 
         report = await reconcile(two, db, queue)
@@ -334,7 +336,7 @@ async def test_heartbeat_keeps_the_lease(api: Api, db: Database, settings: Setti
 
         await wait_for(renewed_past_a_whole_lease, "the heartbeat to renew the lease")
         # More than a lease after the claim, the lease still holds: nobody else can claim it.
-        assert await leases.claim(db.sessionmaker, short, eid, oid) is None
+        assert await Lease.claim(db, short, eid, oid) is None
         gate.resume("counted")
         assert await w == "completed"
 

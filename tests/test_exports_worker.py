@@ -14,7 +14,7 @@ from sqlalchemy import event, text
 
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork, app_url
-from space.exports.jobs import run_export
+from space.exports.pipeline import run_export
 from space.exports.storage import PgResultStore, ResultKey
 from tests.exports_fixtures import (
     Gate,

@@ -26,7 +26,7 @@ from schemathesis.python import asgi
 from space.app import create_app
 from space.config import Settings
 from space.db import Database
-from space.exports.jobs import run_export
+from space.exports.pipeline import run_export
 from tests import helpers
 from tests.exports_fixtures import add_project, add_tickets, create_export, runner, uid
 from tests.helpers import Api, Org

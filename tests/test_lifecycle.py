@@ -12,19 +12,17 @@ import psycopg
 import pytest
 from litestar.testing import AsyncTestClient
 from psycopg import sql
-from sqlalchemy import make_url, select, text
+from sqlalchemy import make_url, text
 
 from space.app import create_app
-from space.auth.deps import MemberContext
-from space.auth.service import Principal
 from space.config import Settings, load_settings
 from space.db import Database, Tenant, UnitOfWork, app_url
 from space.db.migrate import downgrade, upgrade
-from space.exports.jobs import run_export
+from space.exports.pipeline import run_export
 from space.orgs import lifecycle
 from space.orgs.jobs import PURGE_TABLES, purge_due, purge_due_job
 from space.orgs.lifecycle import Action, change_state
-from space.orgs.models import Membership, Organization
+from space.orgs.models import Organization
 from space.orgs.schemas import DeletionRequest
 from tests.exports_fixtures import (
     WAIT,
@@ -665,12 +663,7 @@ async def _deletion_in(
 
             return await change_state(uow.session, oid, Action.request_deletion, grace_seconds=60, precondition=hold)
         row = await uow.session.get_one(Organization, oid)
-        membership = (
-            await uow.session.execute(select(Membership).where(Membership.user_id == org.owner.id))
-        ).scalar_one()
-        principal = Principal(org.owner.id, org.owner.email, org.owner.name)
-        ctx = MemberContext(uow, principal, row, membership)
-        return await lifecycle.request_deletion(ctx, DeletionRequest(confirm="Acme"), 60)
+        return await lifecycle.request_deletion(uow.session, row, org.owner.id, DeletionRequest(confirm="Acme"), 60)
 
 
 async def test_deletion_waits_for_a_publish_holding_the_org_lock(

@@ -32,7 +32,8 @@ from litestar.testing import AsyncTestClient
 from space.app import create_app
 from space.config import Settings
 from space.db import Database
-from space.exports.jobs import cleanup, run_export
+from space.exports.maintenance import cleanup
+from space.exports.pipeline import run_export
 from space.exports.storage import PgResultStore
 from tests import helpers
 from tests.exports_fixtures import add_project, add_tickets, runner, tuned, uid

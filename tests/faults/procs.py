@@ -27,7 +27,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from space.db import Database
-from space.exports.jobs import cleanup
+from space.exports.maintenance import cleanup
 from space.exports.storage import PgResultStore
 from tests.exports_fixtures import add_tickets, download, parse_csv, wait_for
 from tests.helpers import Api, Org

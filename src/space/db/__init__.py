@@ -1,5 +1,6 @@
 """Database access: engines, the unit of work (the only place that commits) and the tenant context."""
 
+from space.db.driver import compiled, driver_connection, server_version
 from space.db.engine import APP_ROLE, QUEUE_ROLE, Database, app_url, queue_conninfo, sync_url
 from space.db.uow import Tenant, UnitOfWork, set_tenant
 
@@ -10,7 +11,10 @@ __all__ = [
     "Tenant",
     "UnitOfWork",
     "app_url",
+    "compiled",
+    "driver_connection",
     "queue_conninfo",
+    "server_version",
     "set_tenant",
     "sync_url",
 ]

@@ -15,11 +15,11 @@ from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 from saq import Queue
 
-from space.auth.deps import MEMBER, MemberContext, parse_id
 from space.config import Settings
 from space.exports import service
 from space.exports.schemas import Export, ExportCreate
 from space.exports.storage import PgResultStore, ResultStore
+from space.orgs.deps import MEMBER, MemberContext, parse_id
 from space.schemas import Items
 
 
@@ -62,32 +62,34 @@ class ExportController(Controller):
         queue: NamedDependency[Queue],
     ) -> Response[Export]:
         """Request an export; it is built in the background. 202 with its Location."""
-        export = await service.create_export(ctx, data, settings, queue)
+        export = await service.create_export(ctx.uow, ctx.org.id, ctx.membership, data, settings, queue)
         return Response(export, status_code=202, headers={"Location": f"/orgs/{ctx.org.id}/exports/{export.id}"})
 
     @get("/")
     async def list_exports(self, ctx: NamedDependency[MemberContext]) -> Items[Export]:
         """The caller's exports in this org, newest first."""
-        return Items(items=await service.list_exports(ctx))
+        return Items(items=await service.list_exports(ctx.uow.session, ctx.org, ctx.membership))
 
     @get("/{export_id:str}")
     async def get_one(self, ctx: NamedDependency[MemberContext], export_id: FromPath[str]) -> Export:
         """One of the caller's exports."""
-        return await service.get_export(ctx, parse_id(export_id))
+        return await service.get_export(ctx.uow.session, ctx.org, ctx.membership, parse_id(export_id))
 
     @delete("/{export_id:str}")
     async def remove(
         self, ctx: NamedDependency[MemberContext], export_id: FromPath[str], store: NamedDependency[ResultStore]
     ) -> None:
         """Cancel a queued/running export, or delete a finished one."""
-        await service.delete_export(ctx, parse_id(export_id), store)
+        await service.delete_export(ctx.uow, ctx.org.id, ctx.membership, parse_id(export_id), store)
 
     @get("/{export_id:str}/result")
     async def result(
         self, ctx: NamedDependency[MemberContext], export_id: FromPath[str], store: NamedDependency[ResultStore]
     ) -> Stream:
         """Download the result, authorized again now (SPEC §6), streamed from storage."""
-        download = await service.open_result(ctx, parse_id(export_id), store)
+        download = await service.open_result(
+            ctx.uow.session, ctx.org, ctx.principal.user_id, ctx.membership, parse_id(export_id), store
+        )
         headers: dict[str, Any] = {
             "Content-Disposition": f'attachment; filename="{download.filename}"',
             "Cache-Control": "private, no-store",

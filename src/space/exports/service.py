@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 from saq import Queue
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from space.auth.deps import MemberContext
 from space.config import Settings
+from space.db import UnitOfWork
 from space.errors import (
     AccessRevoked,
     ExportExpired,
@@ -24,12 +24,13 @@ from space.errors import (
     OrgDeleting,
     RateLimited,
 )
-from space.exports.models import ACTIVE_STATES, FAILED_STATES, ExportJob, ExportKind, ExportScope, ExportState
+from space.exports import ledger
+from space.exports.models import FAILED_STATES, ExportJob, ExportKind, ExportScope, ExportState
 from space.exports.queue import enqueue_quietly
 from space.exports.schemas import Export, ExportCreate, SnapshotRequest
 from space.exports.storage import ResultKey, ResultMissing, ResultStore
-from space.orgs.models import Membership, OrgState, Role
-from space.orgs.service import lock_org
+from space.orgs import service as orgs
+from space.orgs.models import Membership, Organization, OrgState, Role
 
 NOT_READY_RETRY_AFTER = 5
 """Seconds a client is asked to wait before polling a queued or running export's result again."""
@@ -37,7 +38,6 @@ BUSY_RETRY_AFTER = 30
 """Seconds to wait when the rate limit is held by exports still running (their end can't be predicted)."""
 LIST_LIMIT = 200
 """The newest exports a list shows."""
-_ACTIVE = [s.value for s in ACTIVE_STATES]
 
 
 def export_out(job: ExportJob, *, can_download: bool) -> Export:
@@ -62,11 +62,11 @@ def export_out(job: ExportJob, *, can_download: bool) -> Export:
     )
 
 
-def _downloadable(ctx: MemberContext, job: ExportJob, now: Any) -> bool:
+def _downloadable(org: Organization, membership: Membership | None, job: ExportJob, now: dt.datetime) -> bool:
     return (
-        ctx.role is not None
-        and (job.scope == ExportScope.own or ctx.role.is_staff)
-        and ctx.org.state != OrgState.deleting
+        membership is not None
+        and (job.scope == ExportScope.own or Role(membership.role).is_staff)
+        and org.state != OrgState.deleting
         and job.state == ExportState.completed
         and job.purged_at is None
         and job.expires_at is not None
@@ -74,145 +74,110 @@ def _downloadable(ctx: MemberContext, job: ExportJob, now: Any) -> bool:
     )
 
 
-def _member(ctx: MemberContext) -> Membership:
+def _member(membership: Membership | None) -> Membership:
     # Former members reach this controller (for the result route's 403); everything else is 404 to them.
-    if ctx.membership is None:
+    if membership is None:
         raise NotFound()
-    return ctx.membership
+    return membership
 
 
-async def create_export(ctx: MemberContext, data: ExportCreate, settings: Settings, queue: Queue) -> Export:
-    """Create an export under the org lock (membership, org state, rate limit), enqueue it after commit."""
-    _member(ctx)
-    session = ctx.uow.session
-    org = await lock_org(session, ctx.org.id)
+async def create_export(
+    uow: UnitOfWork,
+    org_id: uuid.UUID,
+    membership: Membership | None,
+    data: ExportCreate,
+    settings: Settings,
+    queue: Queue,
+) -> Export:
+    """Create an export under the org lock (membership, org state, rate limit), enqueue it after commit.
+
+    `membership` is the caller's as read before the lock; it is read again under it, which decides.
+    """
+    user_id = _member(membership).user_id
+    session = uow.session
+    org = await orgs.lock_org(session, org_id)
     if org.state == OrgState.deleted:
         raise NotFound()
     if org.state == OrgState.deleting:
         raise OrgDeleting("The organization is being deleted; no new exports.")
-    # Re-read under the lock: the role decides the scope, and a concurrent change is ordered by the lock.
-    membership = (
-        await session.execute(
-            select(Membership)
-            .where(Membership.org_id == org.id, Membership.user_id == ctx.principal.user_id)
-            .execution_options(populate_existing=True)
-        )
-    ).scalar_one_or_none()
+    # Read under the lock: the role decides the scope, and a concurrent change is ordered by the lock.
+    membership = await orgs.membership_of(session, org.id, user_id)
     if membership is None:
         raise NotFound()
     role = Role(membership.role)
     if isinstance(data, SnapshotRequest) and not role.is_staff:
         raise Forbidden("Snapshots are for staff; customers can export their tickets as CSV.")
-    await _rate_limit(ctx, settings)
-    job = ExportJob(
-        id=uuid.uuid4(),
-        org_id=org.id,
-        creator_id=ctx.principal.user_id,
-        kind=ExportKind.snapshot.value if isinstance(data, SnapshotRequest) else ExportKind.tickets_csv.value,
-        state=ExportState.queued.value,
-        filters={} if isinstance(data, SnapshotRequest) else msgspec.to_builtins(data.filters),
-        delimiter="," if isinstance(data, SnapshotRequest) else data.delimiter,
-        scope=(ExportScope.team if role.is_staff else ExportScope.own).value,
+    await _rate_limit(session, org.id, user_id, settings.export_rate_limit)
+    job = await ledger.add(
+        session,
+        ExportJob(
+            id=uuid.uuid4(),
+            org_id=org.id,
+            creator_id=user_id,
+            kind=ExportKind.snapshot.value if isinstance(data, SnapshotRequest) else ExportKind.tickets_csv.value,
+            state=ExportState.queued.value,
+            filters={} if isinstance(data, SnapshotRequest) else msgspec.to_builtins(data.filters),
+            delimiter="," if isinstance(data, SnapshotRequest) else data.delimiter,
+            scope=(ExportScope.team if role.is_staff else ExportScope.own).value,
+        ),
     )
-    session.add(job)
-    await session.flush()
-    await session.refresh(job)
-    export_id, org_id = job.id, org.id
+    export_id = job.id
 
     async def enqueue() -> None:
         await enqueue_quietly(queue, settings, export_id, org_id)
 
-    ctx.uow.after_commit(enqueue)
+    uow.after_commit(enqueue)
     return export_out(job, can_download=False)
 
 
-async def _rate_limit(ctx: MemberContext, settings: Settings) -> None:
-    # statement_timestamp(): the window is measured after the lock wait, not from the request's start.
-    now = func.statement_timestamp()
-    recent = ExportJob.created_at > now - func.make_interval(0, 0, 0, 0, 0, 1)
-    active = ExportJob.state.in_(_ACTIVE)
-    row = (
-        await ctx.uow.session.execute(
-            select(
-                func.count().label("n"),
-                func.count().filter(active).label("active"),
-                func.extract(
-                    "epoch", func.min(ExportJob.created_at).filter(~active) + func.make_interval(0, 0, 0, 0, 0, 1) - now
-                ).label("wait"),
-            ).where(
-                ExportJob.org_id == ctx.org.id,
-                ExportJob.creator_id == ctx.principal.user_id,
-                or_(active, recent),
-            )
-        )
-    ).one()
-    limit = settings.export_rate_limit
-    if row.n < limit:
+async def _rate_limit(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, limit: int) -> None:
+    usage = await ledger.usage(session, org_id, user_id)
+    if usage.counted < limit:
         return
-    wait = BUSY_RETRY_AFTER if row.active >= limit or row.wait is None else max(1, math.ceil(float(row.wait)))
+    busy = usage.active >= limit or usage.frees_in is None
+    wait = BUSY_RETRY_AFTER if busy or usage.frees_in is None else max(1, math.ceil(usage.frees_in))
     raise RateLimited(
         f"At most {limit} exports may be queued, running or started within a minute.",
         headers={"Retry-After": str(wait)},
     )
 
 
-def _owned(ctx: MemberContext, export_id: uuid.UUID) -> Any:
-    return and_(
-        ExportJob.id == export_id,
-        ExportJob.org_id == ctx.org.id,
-        ExportJob.creator_id == ctx.principal.user_id,
-        ExportJob.deleted_at.is_(None),
-    )
+async def list_exports(session: AsyncSession, org: Organization, membership: Membership | None) -> list[Export]:
+    """The member's exports in this org, newest first."""
+    member = _member(membership)
+    rows = await ledger.newest_owned(session, org.id, member.user_id, LIST_LIMIT)
+    return [export_out(job, can_download=_downloadable(org, member, job, now)) for job, now in rows]
 
 
-async def list_exports(ctx: MemberContext) -> list[Export]:
-    """The caller's exports in this org, newest first."""
-    _member(ctx)
-    rows = await ctx.uow.session.execute(
-        select(ExportJob, func.now())
-        .where(
-            ExportJob.org_id == ctx.org.id,
-            ExportJob.creator_id == ctx.principal.user_id,
-            ExportJob.deleted_at.is_(None),
-        )
-        .order_by(ExportJob.created_at.desc(), ExportJob.id.desc())
-        .limit(LIST_LIMIT)
-    )
-    return [export_out(job, can_download=_downloadable(ctx, job, now)) for job, now in rows.all()]
-
-
-async def _get_owned(ctx: MemberContext, export_id: uuid.UUID, *, for_update: bool = False) -> tuple[ExportJob, Any]:
-    stmt = select(ExportJob, func.now()).where(_owned(ctx, export_id)).execution_options(populate_existing=True)
-    if for_update:
-        stmt = stmt.with_for_update(of=ExportJob)
-    row = (await ctx.uow.session.execute(stmt)).first()
+async def _get_owned(
+    session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, export_id: uuid.UUID, *, for_update: bool = False
+) -> tuple[ExportJob, dt.datetime]:
+    row = await ledger.owned(session, org_id, user_id, export_id, for_update=for_update)
     if row is None:
         raise NotFound()
-    return row[0], row[1]
+    return row
 
 
-async def get_export(ctx: MemberContext, export_id: uuid.UUID) -> Export:
-    """One export of the caller's."""
-    _member(ctx)
-    job, now = await _get_owned(ctx, export_id)
-    return export_out(job, can_download=_downloadable(ctx, job, now))
+async def get_export(
+    session: AsyncSession, org: Organization, membership: Membership | None, export_id: uuid.UUID
+) -> Export:
+    """One export of the member's."""
+    member = _member(membership)
+    job, now = await _get_owned(session, org.id, member.user_id, export_id)
+    return export_out(job, can_download=_downloadable(org, member, job, now))
 
 
-async def delete_export(ctx: MemberContext, export_id: uuid.UUID, store: ResultStore) -> None:
+async def delete_export(
+    uow: UnitOfWork, org_id: uuid.UUID, membership: Membership | None, export_id: uuid.UUID, store: ResultStore
+) -> None:
     """Cancel a queued/running export; delete a finished one (its row stays hidden, its bytes go)."""
-    _member(ctx)
-    job, now = await _get_owned(ctx, export_id, for_update=True)
-    if job.state in _ACTIVE:
-        # The worker's next fenced write (state = 'running') matches nothing: it stops, publishes nothing.
-        job.state = ExportState.cancelled.value
-        job.error_code = "cancelled"
-        job.lease_expires_at = None
-        job.completed_at = now
+    member = _member(membership)
+    job, now = await _get_owned(uow.session, org_id, member.user_id, export_id, for_update=True)
+    if job.state in ledger.ACTIVE:
+        ledger.cancel(job, now, "cancelled")
     else:
-        job.deleted_at = now
-        if job.state == ExportState.completed and job.purged_at is None:
-            job.purged_at = now
-    await ctx.uow.session.flush()
+        ledger.hide(job, now)
+    await uow.session.flush()
     if job.execution_id is not None:
         key = ResultKey(job.org_id, job.id, job.execution_id)
 
@@ -223,7 +188,14 @@ async def delete_export(ctx: MemberContext, export_id: uuid.UUID, store: ResultS
             except Exception:
                 return
 
-        ctx.uow.after_commit(drop)
+        uow.after_commit(drop)
+
+
+async def has_recent_final_export(
+    session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, window: dt.timedelta
+) -> bool:
+    """Whether the user completed a snapshot in this org within `window` (the deletion request's rule)."""
+    return await ledger.has_recent_final_export(session, org_id, user_id, window)
 
 
 @dataclass(frozen=True)
@@ -249,16 +221,23 @@ class Download:
         return f"space-export-{self.export_id}.{ext}"
 
 
-async def open_result(ctx: MemberContext, export_id: uuid.UUID, store: ResultStore) -> Download:
+async def open_result(
+    session: AsyncSession,
+    org: Organization,
+    user_id: uuid.UUID,
+    membership: Membership | None,
+    export_id: uuid.UUID,
+    store: ResultStore,
+) -> Download:
     """Authorize a download again, in SPEC §6's order, and open the stored bytes."""
-    job, now = await _get_owned(ctx, export_id)
-    if ctx.role is None:
+    job, now = await _get_owned(session, org.id, user_id, export_id)
+    if membership is None:
         raise AccessRevoked("You are no longer a member of this organization.")
-    if job.scope == ExportScope.team and not ctx.role.is_staff:
+    if job.scope == ExportScope.team and not Role(membership.role).is_staff:
         raise AccessRevoked("This export holds team data; your role no longer includes it.")
-    if ctx.org.state == OrgState.deleting:
+    if org.state == OrgState.deleting:
         raise OrgDeleting("The organization is being deleted.")
-    if job.state in _ACTIVE:
+    if job.state in ledger.ACTIVE:
         raise ExportNotReady(
             f"The export is {job.state} ({job.progress}%).", headers={"Retry-After": str(NOT_READY_RETRY_AFTER)}
         )

@@ -1,5 +1,7 @@
 """Where result bytes live. The ledger row says which execution is published; the store only keeps chunks.
 
+`ChunkWriter` cuts a run's byte stream into the store's chunks (hashing, counting and bounding it as it goes).
+
 `ResultStore` is the small interface an object-storage backend could implement; `PgResultStore` keeps the
 chunks in `export_chunks`, so "completed" and "the bytes exist" sit in one database. Every operation is
 its own short transaction under the org's RLS context: the download never holds a transaction open while
@@ -15,17 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import delete, insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from space.db import Tenant, UnitOfWork, set_tenant
+from space.db import Tenant, UnitOfWork, driver_connection, set_tenant
+from space.exports.failures import ExportFailure
 from space.exports.models import ExportChunk
-from space.exports.writers import driver_connection
 
 READ_PART_BYTES = 1024 * 1024
 """A stored chunk comes back to a download in rows of at most this many bytes."""
@@ -194,3 +197,88 @@ class PgResultStore:
                         raise ResultMissing(f"chunk {seq} of export {key.export_id} is missing")
         rows.sort(key=lambda row: int(row[0]))
         return [part for _, part in rows]
+
+
+@dataclass
+class ChunkWriter:
+    """Cuts the byte stream into fixed-size chunks, hashing and counting as it goes; enforces the byte limit.
+
+    Two buffers of one chunk each, allocated once: one is hashed and stored in the background (through the
+    store's sink, one connection for the execution) while the other fills, so the read never waits for an
+    insert and memory stays at two chunks, whatever the size of the result. `close` stores the rest and waits;
+    `discard` waits for the write in flight without storing more.
+    """
+
+    store: ResultStore
+    key: ResultKey
+    chunk_bytes: int
+    byte_limit: int
+    total: int = 0
+    seq: int = 0
+    digest: Any = field(default_factory=hashlib.sha256)
+    filled: int = 0
+    buffer: bytearray = field(default_factory=bytearray)
+    spare: bytearray = field(default_factory=bytearray)
+    pending: asyncio.Task[None] | None = None
+    sink: ChunkSink | None = None
+    exits: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+
+    @property
+    def sha256(self) -> str:
+        """The hex digest of every byte written so far."""
+        return str(self.digest.hexdigest())
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes; store every full chunk."""
+        size = len(data)
+        if self.total + size > self.byte_limit:
+            raise ExportFailure("too_large", f"The result exceeds {self.byte_limit} bytes.")
+        self.total += size
+        view = memoryview(data).cast("B")
+        while view:
+            if not self.buffer:
+                self.buffer = bytearray(self.chunk_bytes)
+            n = min(len(view), self.chunk_bytes - self.filled)
+            self.buffer[self.filled : self.filled + n] = view[:n]
+            self.filled += n
+            view = view[n:]
+            if self.filled == self.chunk_bytes:
+                await self._put()
+
+    async def close(self) -> None:
+        """Store the last partial chunk and wait until every chunk is stored."""
+        if self.filled or self.seq == 0:
+            await self._put()
+        await self._settle()
+        await self.exits.aclose()
+        self.buffer = self.spare = bytearray()
+
+    async def discard(self) -> None:
+        """After a failure: wait for the chunk in flight (its error is moot), so no write lands afterwards."""
+        if self.pending is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.pending)
+            self.pending = None
+        with contextlib.suppress(Exception):
+            await self.exits.aclose()
+        self.buffer = self.spare = bytearray()
+
+    async def _settle(self) -> None:
+        if self.pending is not None:
+            task, self.pending = self.pending, None
+            await task
+
+    async def _store(self, sink: ChunkSink, seq: int, data: memoryview) -> None:
+        # Chunks are hashed in order (one in flight at a time), in a thread: hashlib lets go of the GIL, so the
+        # event loop (the read, and in `space up` the API) runs meanwhile.
+        await asyncio.gather(asyncio.to_thread(self.digest.update, data), sink.write(seq, data))
+
+    async def _put(self) -> None:
+        # The spare buffer is free once the write in flight (which reads it) has finished.
+        await self._settle()
+        if self.sink is None:
+            self.sink = await self.exits.enter_async_context(self.store.sink(self.key))
+        data = memoryview(self.buffer)[: self.filled]
+        self.pending = asyncio.create_task(self._store(self.sink, self.seq, data), name="export-chunk")
+        self.seq += 1
+        self.buffer, self.spare, self.filled = self.spare, self.buffer, 0

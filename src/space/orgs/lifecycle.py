@@ -8,14 +8,12 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
-from sqlalchemy import and_, exists, func, select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from space.auth.deps import MemberContext
 from space.errors import FinalExportRecommended, InvalidRequest, InvalidTransition
-from space.exports.models import ExportJob, ExportState
+from space.exports import service as exports
 from space.orgs.models import Organization, OrgState
 from space.orgs.schemas import DeletionRequest, Org
 from space.orgs.service import lock_org, org_out
@@ -110,50 +108,38 @@ def _cancellable(org: Organization, now: dt.datetime) -> bool:
     return org.purged_counts is None and (org.delete_after is None or now < org.delete_after)
 
 
-async def suspend(ctx: MemberContext) -> Org:
+async def suspend(session: AsyncSession, org_id: uuid.UUID) -> Org:
     """active -> suspended."""
-    return org_out(await change_state(ctx.uow.session, ctx.org.id, Action.suspend))
+    return org_out(await change_state(session, org_id, Action.suspend))
 
 
-async def reactivate(ctx: MemberContext) -> Org:
+async def reactivate(session: AsyncSession, org_id: uuid.UUID) -> Org:
     """suspended -> active."""
-    return org_out(await change_state(ctx.uow.session, ctx.org.id, Action.reactivate))
+    return org_out(await change_state(session, org_id, Action.reactivate))
 
 
-async def request_deletion(ctx: MemberContext, data: DeletionRequest, grace_seconds: int) -> Org:
+async def request_deletion(
+    session: AsyncSession, org: Organization, owner_id: uuid.UUID, data: DeletionRequest, grace_seconds: int
+) -> Org:
     """active|suspended -> deleting, with deleteAfter = now + grace; needs the name and a recent final export."""
-    if data.confirm != ctx.org.name:
+    if data.confirm != org.name:
         raise InvalidRequest("confirm: must equal the organization's name.", errors=[{"key": "confirm"}])
-    session = ctx.uow.session
 
-    async def final_export_taken(org: Organization) -> None:
+    async def final_export_taken(locked: Organization) -> None:
         if data.skip_final_export:
             return
-        if not await _has_recent_snapshot(session, org.id, ctx.principal.user_id):
+        if not await exports.has_recent_final_export(session, locked.id, owner_id, FINAL_EXPORT_WINDOW):
             raise FinalExportRecommended(
                 "Take a snapshot export first (none completed by you in the last 24 hours),"
                 ' or send "skipFinalExport": true.'
             )
 
-    org = await change_state(
-        session, ctx.org.id, Action.request_deletion, grace_seconds=grace_seconds, precondition=final_export_taken
+    locked = await change_state(
+        session, org.id, Action.request_deletion, grace_seconds=grace_seconds, precondition=final_export_taken
     )
-    return org_out(org)
+    return org_out(locked)
 
 
-async def cancel_deletion(ctx: MemberContext) -> Org:
+async def cancel_deletion(session: AsyncSession, org_id: uuid.UUID) -> Org:
     """deleting -> the state before the request, during the grace period."""
-    return org_out(await change_state(ctx.uow.session, ctx.org.id, Action.cancel_deletion))
-
-
-async def _has_recent_snapshot(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID) -> bool:
-    recent: Any = exists().where(
-        and_(
-            ExportJob.org_id == org_id,
-            ExportJob.creator_id == user_id,
-            ExportJob.kind == "snapshot",
-            ExportJob.state == ExportState.completed.value,
-            ExportJob.completed_at >= func.now() - FINAL_EXPORT_WINDOW,
-        )
-    )
-    return bool(await session.scalar(select(recent)))
+    return org_out(await change_state(session, org_id, Action.cancel_deletion))

@@ -8,11 +8,11 @@ from litestar import Controller, Request, Router, delete, get, patch, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
-from space.auth.deps import ADMINS, MEMBER, OWNERS, MemberContext, parse_id
 from space.auth.service import Principal
 from space.config import Settings
 from space.db import UnitOfWork
 from space.orgs import lifecycle, service
+from space.orgs.deps import ADMINS, MEMBER, OWNERS, MemberContext, parse_id
 from space.orgs.schemas import DeletionRequest, Member, MemberCreate, MemberUpdate, Org, OrgCreate
 from space.schemas import Items
 
@@ -54,24 +54,26 @@ class MemberController(Controller):
     @get("/")
     async def list_members(self, ctx: NamedDependency[MemberContext]) -> Items[Member]:
         """Every member."""
-        return Items(items=await service.list_members(ctx))
+        return Items(items=await service.list_members(ctx.uow.session, ctx.org.id))
 
     @post("/", opt={"roles": ADMINS})
     async def add(self, ctx: NamedDependency[MemberContext], data: JSONBody[MemberCreate]) -> Member:
         """Add an existing user by email."""
-        return await service.add_member(ctx, data)
+        return await service.add_member(ctx.uow.session, ctx.org.id, ctx.principal.user_id, data)
 
     @patch("/{user_id:str}", opt={"roles": ADMINS})
     async def change_role(
         self, ctx: NamedDependency[MemberContext], user_id: FromPath[str], data: JSONBody[MemberUpdate]
     ) -> Member:
         """Change a member's role."""
-        return await service.change_role(ctx, parse_id(user_id), data.role)
+        return await service.change_role(
+            ctx.uow.session, ctx.org.id, ctx.principal.user_id, parse_id(user_id), data.role
+        )
 
     @delete("/{user_id:str}", opt={"roles": ADMINS})
     async def remove(self, ctx: NamedDependency[MemberContext], user_id: FromPath[str]) -> None:
         """Remove a member."""
-        await service.remove_member(ctx, parse_id(user_id))
+        await service.remove_member(ctx.uow.session, ctx.org.id, ctx.principal.user_id, parse_id(user_id))
 
 
 class LifecycleController(Controller):
@@ -86,12 +88,12 @@ class LifecycleController(Controller):
     @post("/suspend", status_code=200)
     async def suspend(self, ctx: NamedDependency[MemberContext]) -> Org:
         """active -> suspended."""
-        return await lifecycle.suspend(ctx)
+        return await lifecycle.suspend(ctx.uow.session, ctx.org.id)
 
     @post("/reactivate", status_code=200)
     async def reactivate(self, ctx: NamedDependency[MemberContext]) -> Org:
         """suspended -> active."""
-        return await lifecycle.reactivate(ctx)
+        return await lifecycle.reactivate(ctx.uow.session, ctx.org.id)
 
     @post("/deletion", status_code=202)
     async def request_deletion(
@@ -99,12 +101,14 @@ class LifecycleController(Controller):
     ) -> Org:
         """Start the grace period; the purge follows after deleteAfter."""
         settings: Settings = request.app.state.settings
-        return await lifecycle.request_deletion(ctx, data, settings.deletion_grace_seconds)
+        return await lifecycle.request_deletion(
+            ctx.uow.session, ctx.org, ctx.principal.user_id, data, settings.deletion_grace_seconds
+        )
 
     @delete("/deletion", status_code=200)
     async def cancel_deletion(self, ctx: NamedDependency[MemberContext]) -> Org:
         """Back to the state before the deletion request."""
-        return await lifecycle.cancel_deletion(ctx)
+        return await lifecycle.cancel_deletion(ctx.uow.session, ctx.org.id)
 
 
 router = Router(path="/", route_handlers=[OrgController, MemberController, LifecycleController])

@@ -8,11 +8,10 @@ from collections.abc import Sequence
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from space.auth.deps import MemberContext
 from space.auth.models import User
 from space.auth.service import Principal, user_by_email
 from space.db import Tenant, UnitOfWork
-from space.errors import AlreadyMember, Forbidden, LastOwner, NotFound
+from space.errors import AlreadyMember, Forbidden, LastOwner, NotFound, OrgDeleting, OrgSuspended
 from space.orgs.models import Membership, Organization, OrgState, Role
 from space.orgs.schemas import Member, MemberCreate, Org
 from space.tickets.models import TicketCounter
@@ -73,58 +72,60 @@ def _member_out(m: Membership, u: User) -> Member:
     return Member(id=m.id, user_id=u.id, email=u.email, name=u.name, role=Role(m.role), created_at=m.created_at)
 
 
-async def list_members(ctx: MemberContext) -> list[Member]:
+async def list_members(session: AsyncSession, org_id: uuid.UUID) -> list[Member]:
     """Every member of the org, oldest first."""
-    rows = await ctx.uow.session.execute(
+    rows = await session.execute(
         select(Membership, User)
         .join(User, User.id == Membership.user_id)
-        .where(Membership.org_id == ctx.org.id)
+        .where(Membership.org_id == org_id)
         .order_by(Membership.created_at, Membership.id)
     )
     return [_member_out(m, u) for m, u in rows.all()]
 
 
-async def add_member(ctx: MemberContext, data: MemberCreate) -> Member:
-    """Add an existing user by email; only owners may add owners."""
-    _ensure_may_grant(ctx, data.role)
-    session = ctx.uow.session
-    await lock_org(session, ctx.org.id)
+async def add_member(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, data: MemberCreate) -> Member:
+    """Add an existing user by email, as `actor_id`; only owners may add owners."""
+    _ensure_may_grant(await _actor_role(session, org_id, actor_id), data.role)
+    await lock_org(session, org_id)
     user = await user_by_email(session, data.email)
-    if await _membership_of(session, ctx.org.id, user.id) is not None:
+    if await membership_of(session, org_id, user.id) is not None:
         raise AlreadyMember(f"{user.email} is already a member.")
-    m = Membership(id=uuid.uuid4(), org_id=ctx.org.id, user_id=user.id, role=data.role.value)
+    m = Membership(id=uuid.uuid4(), org_id=org_id, user_id=user.id, role=data.role.value)
     session.add(m)
     await session.flush()
     await session.refresh(m)
     return _member_out(m, user)
 
 
-async def change_role(ctx: MemberContext, user_id: uuid.UUID, role: Role) -> Member:
+async def change_role(
+    session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, user_id: uuid.UUID, role: Role
+) -> Member:
     """Change a member's role under the org lock (ordered against export publishes)."""
-    session = ctx.uow.session
-    await lock_org(session, ctx.org.id)
-    m = await _target(ctx, user_id)
-    _ensure_may_grant(ctx, role)
+    actor_role = await _actor_role(session, org_id, actor_id)
+    await lock_org(session, org_id)
+    m = await _target(session, org_id, actor_role, user_id)
+    _ensure_may_grant(actor_role, role)
     if m.role == Role.owner and role is not Role.owner:
-        await _ensure_not_last_owner(session, ctx.org.id)
+        await _ensure_not_last_owner(session, org_id)
     m.role = role.value
     await session.flush()
     user = await session.get_one(User, user_id)
     return _member_out(m, user)
 
 
-async def remove_member(ctx: MemberContext, user_id: uuid.UUID) -> None:
+async def remove_member(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, user_id: uuid.UUID) -> None:
     """Remove a member under the org lock; the last owner stays."""
-    session = ctx.uow.session
-    await lock_org(session, ctx.org.id)
-    m = await _target(ctx, user_id)
+    actor_role = await _actor_role(session, org_id, actor_id)
+    await lock_org(session, org_id)
+    m = await _target(session, org_id, actor_role, user_id)
     if m.role == Role.owner:
-        await _ensure_not_last_owner(session, ctx.org.id)
+        await _ensure_not_last_owner(session, org_id)
     await session.delete(m)
     await session.flush()
 
 
-async def _membership_of(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID) -> Membership | None:
+async def membership_of(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID) -> Membership | None:
+    """The user's membership in the org as the database has it now, or None."""
     return (
         await session.execute(
             select(Membership)
@@ -134,17 +135,44 @@ async def _membership_of(session: AsyncSession, org_id: uuid.UUID, user_id: uuid
     ).scalar_one_or_none()
 
 
-async def _target(ctx: MemberContext, user_id: uuid.UUID) -> Membership:
-    m = await _membership_of(ctx.uow.session, ctx.org.id, user_id)
+async def org_state(session: AsyncSession, org_id: uuid.UUID) -> str | None:
+    """The org's state, or None when it is gone."""
+    state: str | None = await session.scalar(select(Organization.state).where(Organization.id == org_id))
+    return state
+
+
+async def org_name(session: AsyncSession, org_id: uuid.UUID) -> str:
+    """The org's name ("" when it is gone)."""
+    name: str | None = await session.scalar(select(Organization.name).where(Organization.id == org_id))
+    return name or ""
+
+
+def ensure_writable(org: Organization) -> None:
+    """Writes to an org's data are refused while it is suspended or being deleted (SPEC §3)."""
+    if org.state == OrgState.suspended:
+        raise OrgSuspended("The organization is suspended; its data is read-only.")
+    if org.state == OrgState.deleting:
+        raise OrgDeleting("The organization is being deleted.")
+
+
+async def _actor_role(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID) -> Role:
+    actor = await membership_of(session, org_id, actor_id)
+    if actor is None:
+        raise NotFound()
+    return Role(actor.role)
+
+
+async def _target(session: AsyncSession, org_id: uuid.UUID, actor_role: Role, user_id: uuid.UUID) -> Membership:
+    m = await membership_of(session, org_id, user_id)
     if m is None:
         raise NotFound()
-    if m.role == Role.owner and ctx.role is not Role.owner:
+    if m.role == Role.owner and actor_role is not Role.owner:
         raise Forbidden("Only owners can change or remove owners.")
     return m
 
 
-def _ensure_may_grant(ctx: MemberContext, role: Role) -> None:
-    if role is Role.owner and ctx.role is not Role.owner:
+def _ensure_may_grant(actor_role: Role, role: Role) -> None:
+    if role is Role.owner and actor_role is not Role.owner:
         raise Forbidden("Only owners can make owners.")
 
 

@@ -6,7 +6,7 @@ from litestar import Controller, Router, delete, get, patch, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
-from space.auth.deps import MEMBER, STAFF, MemberContext, parse_id
+from space.orgs.deps import MEMBER, STAFF, MemberContext, parse_id
 from space.projects import service
 from space.projects.schemas import Project, ProjectCreate, ProjectUpdate, Task, TaskCreate
 from space.schemas import Items
@@ -23,41 +23,41 @@ class ProjectController(Controller):
     @post("/")
     async def create(self, ctx: NamedDependency[MemberContext], data: JSONBody[ProjectCreate]) -> Project:
         """Create a project."""
-        return await service.create_project(ctx, data)
+        return await service.create_project(ctx.uow.session, ctx.org.id, data)
 
     @get("/")
     async def list_projects(self, ctx: NamedDependency[MemberContext]) -> Items[Project]:
         """Live projects."""
-        return Items(items=await service.list_projects(ctx))
+        return Items(items=await service.list_projects(ctx.uow.session, ctx.org.id))
 
     @get("/{project_id:str}")
     async def get_one(self, ctx: NamedDependency[MemberContext], project_id: FromPath[str]) -> Project:
         """One live project."""
-        return await service.get_project(ctx, parse_id(project_id))
+        return await service.get_project(ctx.uow.session, ctx.org.id, parse_id(project_id))
 
     @patch("/{project_id:str}")
     async def rename(
         self, ctx: NamedDependency[MemberContext], project_id: FromPath[str], data: JSONBody[ProjectUpdate]
     ) -> Project:
         """Rename a project (its version goes up by one)."""
-        return await service.rename_project(ctx, parse_id(project_id), data.name)
+        return await service.rename_project(ctx.uow.session, ctx.org.id, parse_id(project_id), data.name)
 
     @delete("/{project_id:str}")
     async def remove(self, ctx: NamedDependency[MemberContext], project_id: FromPath[str]) -> None:
         """Soft-delete a project."""
-        await service.delete_project(ctx, parse_id(project_id))
+        await service.delete_project(ctx.uow.session, ctx.org.id, parse_id(project_id))
 
     @post("/{project_id:str}/tasks")
     async def create_task(
         self, ctx: NamedDependency[MemberContext], project_id: FromPath[str], data: JSONBody[TaskCreate]
     ) -> Task:
         """Add a task to a project."""
-        return await service.create_task(ctx, parse_id(project_id), data)
+        return await service.create_task(ctx.uow.session, ctx.org.id, parse_id(project_id), data)
 
     @get("/{project_id:str}/tasks")
     async def list_tasks(self, ctx: NamedDependency[MemberContext], project_id: FromPath[str]) -> Items[Task]:
         """Tasks of a project."""
-        return Items(items=await service.list_tasks(ctx, parse_id(project_id)))
+        return Items(items=await service.list_tasks(ctx.uow.session, ctx.org.id, parse_id(project_id)))
 
 
 router = Router(path="/", route_handlers=[ProjectController])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 
 from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from space.auth.deps import MemberContext
 from space.errors import NotFound
 from space.projects import models
 from space.projects.schemas import Project, ProjectCreate, Task, TaskCreate, TaskStatus
@@ -30,38 +30,38 @@ def task_out(t: models.Task) -> Task:
     )
 
 
-async def create_project(ctx: MemberContext, data: ProjectCreate) -> Project:
+async def create_project(session: AsyncSession, org_id: uuid.UUID, data: ProjectCreate) -> Project:
     """Create a project at version 1."""
-    p = models.Project(id=uuid.uuid4(), org_id=ctx.org.id, name=data.name.strip(), version=1)
-    ctx.uow.session.add(p)
-    await ctx.uow.session.flush()
-    await ctx.uow.session.refresh(p)
+    p = models.Project(id=uuid.uuid4(), org_id=org_id, name=data.name.strip(), version=1)
+    session.add(p)
+    await session.flush()
+    await session.refresh(p)
     return project_out(p)
 
 
-async def list_projects(ctx: MemberContext) -> list[Project]:
+async def list_projects(session: AsyncSession, org_id: uuid.UUID) -> list[Project]:
     """Live projects, oldest first."""
-    rows = await ctx.uow.session.execute(
+    rows = await session.execute(
         select(models.Project)
-        .where(models.Project.org_id == ctx.org.id, models.Project.deleted_at.is_(None))
+        .where(models.Project.org_id == org_id, models.Project.deleted_at.is_(None))
         .order_by(models.Project.created_at, models.Project.id)
     )
     return [project_out(p) for p in rows.scalars()]
 
 
-async def get_project(ctx: MemberContext, project_id: uuid.UUID) -> Project:
+async def get_project(session: AsyncSession, org_id: uuid.UUID, project_id: uuid.UUID) -> Project:
     """One live project of the org; deleted, unknown and other orgs' projects are all 404."""
-    return project_out(await _live_project(ctx, project_id))
+    return project_out(await _live_project(session, org_id, project_id))
 
 
-async def rename_project(ctx: MemberContext, project_id: uuid.UUID, name: str) -> Project:
+async def rename_project(session: AsyncSession, org_id: uuid.UUID, project_id: uuid.UUID, name: str) -> Project:
     """Rename a live project; one UPDATE bumps `version`, so concurrent renames never lose a count."""
     p = (
-        await ctx.uow.session.execute(
+        await session.execute(
             update(models.Project)
             .where(
                 models.Project.id == project_id,
-                models.Project.org_id == ctx.org.id,
+                models.Project.org_id == org_id,
                 models.Project.deleted_at.is_(None),
             )
             .values(name=name.strip(), version=models.Project.version + 1, updated_at=func.now())
@@ -74,13 +74,13 @@ async def rename_project(ctx: MemberContext, project_id: uuid.UUID, name: str) -
     return project_out(p)
 
 
-async def delete_project(ctx: MemberContext, project_id: uuid.UUID) -> None:
+async def delete_project(session: AsyncSession, org_id: uuid.UUID, project_id: uuid.UUID) -> None:
     """Soft-delete a live project: its row (and its tasks) stay, hidden from every read."""
-    result = await ctx.uow.session.execute(
+    result = await session.execute(
         update(models.Project)
         .where(
             models.Project.id == project_id,
-            models.Project.org_id == ctx.org.id,
+            models.Project.org_id == org_id,
             models.Project.deleted_at.is_(None),
         )
         .values(deleted_at=func.now(), updated_at=func.now())
@@ -90,44 +90,46 @@ async def delete_project(ctx: MemberContext, project_id: uuid.UUID) -> None:
         raise NotFound()
 
 
-async def create_task(ctx: MemberContext, project_id: uuid.UUID, data: TaskCreate) -> Task:
+async def create_task(session: AsyncSession, org_id: uuid.UUID, project_id: uuid.UUID, data: TaskCreate) -> Task:
     """Add a task to a live project."""
     # FOR SHARE: a concurrent soft delete either waits for this insert or is seen before it.
-    await _live_project(ctx, project_id, lock=True)
+    await _live_project(session, org_id, project_id, lock=True)
     t = models.Task(
         id=uuid.uuid4(),
-        org_id=ctx.org.id,
+        org_id=org_id,
         project_id=project_id,
         title=data.title.strip(),
         status=data.status.value,
         due_date=data.due_date,
     )
-    ctx.uow.session.add(t)
-    await ctx.uow.session.flush()
-    await ctx.uow.session.refresh(t)
+    session.add(t)
+    await session.flush()
+    await session.refresh(t)
     return task_out(t)
 
 
-async def list_tasks(ctx: MemberContext, project_id: uuid.UUID) -> list[Task]:
+async def list_tasks(session: AsyncSession, org_id: uuid.UUID, project_id: uuid.UUID) -> list[Task]:
     """Tasks of a live project, oldest first."""
-    await _live_project(ctx, project_id)
-    rows = await ctx.uow.session.execute(
+    await _live_project(session, org_id, project_id)
+    rows = await session.execute(
         select(models.Task)
-        .where(models.Task.org_id == ctx.org.id, models.Task.project_id == project_id)
+        .where(models.Task.org_id == org_id, models.Task.project_id == project_id)
         .order_by(models.Task.created_at, models.Task.id)
     )
     return [task_out(t) for t in rows.scalars()]
 
 
-async def _live_project(ctx: MemberContext, project_id: uuid.UUID, *, lock: bool = False) -> models.Project:
+async def _live_project(
+    session: AsyncSession, org_id: uuid.UUID, project_id: uuid.UUID, *, lock: bool = False
+) -> models.Project:
     stmt = select(models.Project).where(
         models.Project.id == project_id,
-        models.Project.org_id == ctx.org.id,
+        models.Project.org_id == org_id,
         models.Project.deleted_at.is_(None),
     )
     if lock:
         stmt = stmt.with_for_update(read=True)
-    p = (await ctx.uow.session.execute(stmt)).scalar_one_or_none()
+    p = (await session.execute(stmt)).scalar_one_or_none()
     if p is None:
         raise NotFound()
     return p

@@ -8,7 +8,7 @@ from litestar import Controller, Router, get, patch, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
-from space.auth.deps import MEMBER, STAFF, MemberContext
+from space.orgs.deps import MEMBER, STAFF, MemberContext
 from space.tickets import service
 from space.tickets.filters import Assignment, Priority, TicketStatus, parse_filters
 from space.tickets.schemas import (
@@ -32,7 +32,7 @@ class TicketController(Controller):
     @post("/")
     async def create(self, ctx: NamedDependency[MemberContext], data: JSONBody[TicketCreate]) -> Ticket:
         """Open a ticket; it gets the org's next number."""
-        return await service.create_ticket(ctx, data)
+        return await service.create_ticket(ctx.uow.session, ctx.org.id, ctx.principal.user_id, data)
 
     @get("/")
     async def list_tickets(
@@ -50,14 +50,15 @@ class TicketController(Controller):
         """A page of tickets matching the filters, by number."""
         raw = {"status": status, "priority": priority, "assignment": assignment, "q": q}
         filters = parse_filters({k: v for k, v in raw.items() if v is not None})
-        return await service.list_tickets(ctx, filters, page, pageSize)
+        assert ctx.membership is not None  # the route admits members only
+        return await service.list_tickets(ctx.uow.session, ctx.membership, filters, page, pageSize)
 
     @patch("/{number:str}", opt={"roles": STAFF})
     async def update(
         self, ctx: NamedDependency[MemberContext], number: FromPath[str], data: JSONBody[TicketUpdate]
     ) -> Ticket:
         """Change a ticket's status, priority or assignee."""
-        return await service.update_ticket(ctx, service.parse_number(number), data)
+        return await service.update_ticket(ctx.uow.session, ctx.org.id, service.parse_number(number), data)
 
 
 router = Router(path="/", route_handlers=[TicketController])

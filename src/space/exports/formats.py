@@ -1,4 +1,5 @@
-"""The two output formats, read in keyset batches inside the export's snapshot transaction.
+"""The two output formats: each counts its rows and reads them as finished bytes, in keyset batches, inside
+the export's snapshot transaction.
 
 Tickets CSV: every record is `csv_head || assignee cell || csv_tail`, columns PostgreSQL computed when the
 ticket (and the user) was written (migration 0004), so a batch costs the database little more than reading
@@ -15,14 +16,12 @@ ticket filter builder. Every query carries `org_id = :org` beside the RLS policy
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import datetime as dt
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Protocol, Self, cast
+from typing import Any, Protocol
 
 import msgspec
 import psycopg
@@ -45,6 +44,7 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from space.db import compiled, driver_connection, server_version
 from space.orgs.models import Membership
 from space.projects.models import Project, Task
 from space.tickets.filters import TicketFilters, parse_filters, ticket_conditions
@@ -54,10 +54,6 @@ CSV_HEADER = ("number", "title", "status", "priority", "assignee", "createdAt", 
 BOM = "\ufeff".encode()
 CRLF = "\r\n"
 SCHEMA_VERSION = 1
-# Constants are written into the SQL, not bound: a prepared statement's generic plan would otherwise look
-# up the time zone and parse the picture on every row.
-_TIMESTAMP_FORMAT = literal_column("""'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'""", Text)
-_UTC = literal_column("'UTC'", Text)
 _ENCODE_ROWS = 2000
 # A snapshot batch's rows arrive whole in the worker's memory (libpq keeps a query's result until it is
 # done with), two batches at a time while the next is read ahead: at most this many rows per batch keeps
@@ -79,15 +75,15 @@ class Batch:
     data: bytes | bytearray | memoryview
 
 
-class Writer(Protocol):
-    """A format: count the rows, then header, batches in stable order, footer."""
+class Format(Protocol):
+    """An output format: counts its rows, then reads header, batches in stable order, footer."""
 
     async def count(self, session: AsyncSession) -> int:
         """Rows the export will contain (inside the read transaction)."""
         ...
 
-    def header(self, snapshot_at: str) -> bytes:
-        """Bytes before the first record."""
+    def header(self, snapshot_at: dt.datetime) -> bytes:
+        """Bytes before the first record; `snapshot_at` is the moment the read's snapshot stands for."""
         ...
 
     def batches(self, session: AsyncSession, size: int) -> AsyncIterator[Batch]:
@@ -103,92 +99,9 @@ def _int(n: int) -> ColumnElement[int]:
     return literal_column(str(int(n)))
 
 
-def iso(column: Any) -> ColumnElement[str]:
-    """RFC 3339 in UTC with microseconds, independent of the session's TimeZone."""
-    return func.to_char(func.timezone(_UTC, column), _TIMESTAMP_FORMAT)
-
-
-async def driver_connection(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
-    """The psycopg connection under the session, inside the session's open transaction."""
-    connection = await session.connection()
-    raw = await connection.get_raw_connection()
-    return cast(psycopg.AsyncConnection[Any], raw.driver_connection)
-
-
-def compiled(session: AsyncSession, stmt: Select[Any]) -> tuple[str, dict[str, Any]]:
-    """The statement as the driver's SQL and its parameters (none of our types needs a bind processor)."""
-    c = stmt.compile(dialect=session.get_bind().dialect)
-    return c.string, dict(c.params)
-
-
-async def server_version(session: AsyncSession) -> int:
-    """`server_version_num`, e.g. 150004."""
-    return int(await session.scalar(select(func.current_setting("server_version_num"))) or 0)
-
-
-class ReadAhead:
-    """Reads a batch source in a task of its own, up to `ahead_bytes` ahead of the consumer.
-
-    While the consumer stores one batch (another connection, another database backend), the snapshot's
-    backend is already producing the next: the two run on two cores. Leaving the block, normally or not,
-    stops the reader and waits for it, so nothing uses the snapshot connection afterwards.
-    """
-
-    def __init__(self, source: AsyncIterator[Batch], ahead_bytes: int = 2 * 1024 * 1024) -> None:
-        self._source = source
-        self._limit = ahead_bytes
-        self._items: collections.deque[Batch | BaseException | None] = collections.deque()
-        self._queued = 0
-        self._changed = asyncio.Condition()
-        self._task: asyncio.Task[None] | None = None
-
-    async def _put(self, item: Batch | BaseException | None) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._queued < self._limit)
-            self._items.append(item)
-            self._queued += len(item.data) if isinstance(item, Batch) else 0
-            self._changed.notify_all()
-
-    async def _pump(self) -> None:
-        try:
-            async for batch in self._source:
-                await self._put(batch)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # handed to the consumer, which raises it
-            await self._put(exc)
-        else:
-            await self._put(None)
-
-    async def __aenter__(self) -> Self:
-        self._task = asyncio.create_task(self._pump(), name="export-read-ahead")
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        aclose = getattr(self._source, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Batch:
-        async with self._changed:
-            await self._changed.wait_for(lambda: bool(self._items))
-            item = self._items.popleft()
-            self._queued -= len(item.data) if isinstance(item, Batch) else 0
-            self._changed.notify_all()
-        if item is None:
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            raise item
-        return item
+def rfc3339(t: dt.datetime) -> str:
+    """RFC 3339 in UTC with microseconds, always six digits (as the CSV's stored timestamps are written)."""
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class TicketsCsv:
@@ -230,7 +143,7 @@ class TicketsCsv:
         n = await session.scalar(select(func.count()).select_from(Ticket).where(*self._where()))
         return int(n or 0)
 
-    def header(self, snapshot_at: str) -> bytes:
+    def header(self, snapshot_at: dt.datetime) -> bytes:
         """BOM and the quoted header record."""
         return BOM + (self.delimiter.join(f'"{h}"' for h in CSV_HEADER) + CRLF).encode()
 
@@ -330,7 +243,7 @@ def _whole_seconds(row: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _stamp(t: dt.datetime) -> Stamp:
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ") if t.microsecond == 0 else t
+    return rfc3339(t) if t.microsecond == 0 else t
 
 
 class Snapshot:
@@ -356,14 +269,14 @@ class Snapshot:
         )
         return int(projects or 0) + int(tasks or 0)
 
-    def header(self, snapshot_at: str) -> bytes:
+    def header(self, snapshot_at: dt.datetime) -> bytes:
         """The envelope up to the projects array."""
         enc = msgspec.json.encode
         return b'{"schemaVersion":%d,"organizationId":%s,"organizationName":%s,"snapshotAt":%s,"projects":[' % (
             SCHEMA_VERSION,
             enc(str(self.org_id)),
             enc(self.org_name),
-            enc(snapshot_at),
+            enc(rfc3339(snapshot_at)),
         )
 
     async def batches(self, session: AsyncSession, size: int) -> AsyncIterator[Batch]:

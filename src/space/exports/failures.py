@@ -1,0 +1,15 @@
+"""What stops an export run: a failure its owner is told about, or a lease that another execution took."""
+
+from __future__ import annotations
+
+
+class ExportFailure(Exception):
+    """The export can't be produced, for a reason the owner is told (`errorCode`). Not retried."""
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        super().__init__(detail or code)
+        self.code = code
+
+
+class LeaseLost(Exception):
+    """A fenced write matched no row: another execution owns the export now, or it was cancelled."""

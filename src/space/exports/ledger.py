@@ -1,0 +1,314 @@
+"""The export ledger's queries: every read and write of `export_jobs`, in one place.
+
+The row is the truth about an export; SAQ only carries its id. A worker's writes are fenced: they name the
+execution that claimed the row and match nothing once another execution (or a cancel) took it. Times come
+from the database clock: `clock_timestamp()` for leases, `statement_timestamp()` for what a request or a
+publish decides after waiting for a lock.
+
+Cross-org reads (the reconciler's and the cleanup's candidates) go through SECURITY DEFINER functions of
+migration 0003 that list ids only; every write that follows runs per org under its RLS context.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, bindparam, exists, func, or_, select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.types import Interval
+
+from space.exports.models import ACTIVE_STATES, ExportJob, ExportKind, ExportState
+
+ACTIVE = tuple(s.value for s in ACTIVE_STATES)
+FINAL_EXPORT_KINDS = (ExportKind.snapshot.value,)
+"""Kinds that satisfy the final-export rule of a deletion request (SPEC §3)."""
+_MINUTE = func.make_interval(0, 0, 0, 0, 0, 1)
+
+
+def seconds(value: float) -> Any:
+    """An interval parameter of `value` seconds."""
+    return bindparam(None, dt.timedelta(seconds=value), type_=Interval)
+
+
+def _now() -> Any:
+    return func.clock_timestamp()
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Which execution a write speaks for: it changes the row only while that execution runs it."""
+
+    export_id: uuid.UUID
+    org_id: uuid.UUID
+    execution_id: uuid.UUID
+
+
+# --- requests (the API) ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A user's exports in an org that count against the rate limit (SPEC §5)."""
+
+    counted: int
+    """Queued or running, or created in the last minute."""
+    active: int
+    """Queued or running."""
+    frees_in: float | None
+    """Seconds until the oldest finished export of the last minute leaves the window."""
+
+
+async def usage(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID) -> Usage:
+    """What the rate limit counts, measured now (after any lock wait: statement_timestamp)."""
+    now = func.statement_timestamp()
+    active = ExportJob.state.in_(ACTIVE)
+    row = (
+        await session.execute(
+            select(
+                func.count().label("n"),
+                func.count().filter(active).label("active"),
+                func.extract("epoch", func.min(ExportJob.created_at).filter(~active) + _MINUTE - now).label("wait"),
+            ).where(
+                ExportJob.org_id == org_id,
+                ExportJob.creator_id == user_id,
+                or_(active, ExportJob.created_at > now - _MINUTE),
+            )
+        )
+    ).one()
+    return Usage(counted=row.n, active=row.active, frees_in=None if row.wait is None else float(row.wait))
+
+
+async def add(session: AsyncSession, job: ExportJob) -> ExportJob:
+    """Insert a new export row and read back what the database filled in."""
+    session.add(job)
+    await session.flush()
+    await session.refresh(job)
+    return job
+
+
+def _owned(org_id: uuid.UUID, user_id: uuid.UUID) -> list[ColumnElement[bool]]:
+    return [ExportJob.org_id == org_id, ExportJob.creator_id == user_id, ExportJob.deleted_at.is_(None)]
+
+
+async def owned(
+    session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, export_id: uuid.UUID, *, for_update: bool = False
+) -> tuple[ExportJob, dt.datetime] | None:
+    """One of the user's (not deleted) exports in the org, with the database's now; None otherwise."""
+    stmt = (
+        select(ExportJob, func.now())
+        .where(ExportJob.id == export_id, *_owned(org_id, user_id))
+        .execution_options(populate_existing=True)
+    )
+    if for_update:
+        stmt = stmt.with_for_update(of=ExportJob)
+    row = (await session.execute(stmt)).first()
+    return None if row is None else (row[0], row[1])
+
+
+async def newest_owned(
+    session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, limit: int
+) -> list[tuple[ExportJob, dt.datetime]]:
+    """The user's `limit` newest exports in the org, with the database's now."""
+    rows = await session.execute(
+        select(ExportJob, func.now())
+        .where(*_owned(org_id, user_id))
+        .order_by(ExportJob.created_at.desc(), ExportJob.id.desc())
+        .limit(limit)
+    )
+    return [(job, now) for job, now in rows.all()]
+
+
+def cancel(job: ExportJob, now: dt.datetime, code: str) -> None:
+    """A queued or running export stops: the running worker's next fenced write matches nothing."""
+    job.state = ExportState.cancelled.value
+    job.error_code = code
+    job.lease_expires_at = None
+    job.completed_at = now
+
+
+def hide(job: ExportJob, now: dt.datetime) -> None:
+    """A finished export is deleted by its owner: hidden from the API (still counted by the rate limit), its
+    result gone."""
+    job.deleted_at = now
+    if job.state == ExportState.completed and job.purged_at is None:
+        job.purged_at = now
+
+
+async def has_recent_final_export(
+    session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, window: dt.timedelta
+) -> bool:
+    """Whether the user completed a final-export kind in this org within `window` (database clock)."""
+    recent: Any = exists().where(
+        and_(
+            ExportJob.org_id == org_id,
+            ExportJob.creator_id == user_id,
+            ExportJob.kind.in_(FINAL_EXPORT_KINDS),
+            ExportJob.state == ExportState.completed.value,
+            ExportJob.completed_at >= func.now() - window,
+        )
+    )
+    return bool(await session.scalar(select(recent)))
+
+
+# --- the worker ------------------------------------------------------------------------------------------------
+
+
+def _claimable() -> Any:
+    # Queued, or running under a lease that has run out (its worker is gone or stalled).
+    return or_(
+        ExportJob.state == ExportState.queued.value,
+        and_(ExportJob.state == ExportState.running.value, ExportJob.lease_expires_at < _now()),
+    )
+
+
+async def claim(
+    session: AsyncSession,
+    fence: Fence,
+    *,
+    max_attempts: int,
+    lease_seconds: float,
+) -> Any | None:
+    """Take the export for `fence.execution_id` with one conditional UPDATE; the export's fixed inputs, or None
+    when another execution owns it, it is finished, or it has used its attempts."""
+    return (
+        await session.execute(
+            update(ExportJob)
+            .where(
+                ExportJob.id == fence.export_id,
+                ExportJob.org_id == fence.org_id,
+                ExportJob.deleted_at.is_(None),
+                ExportJob.attempt < max_attempts,
+                _claimable(),
+            )
+            .values(
+                state=ExportState.running.value,
+                execution_id=fence.execution_id,
+                attempt=ExportJob.attempt + 1,
+                lease_expires_at=_now() + seconds(lease_seconds),
+                started_at=func.coalesce(ExportJob.started_at, _now()),
+                progress=0,
+                error_code=None,
+            )
+            .returning(
+                ExportJob.attempt,
+                ExportJob.kind,
+                ExportJob.scope,
+                ExportJob.creator_id,
+                ExportJob.filters,
+                ExportJob.delimiter,
+            )
+            .execution_options(synchronize_session=False)
+        )
+    ).first()
+
+
+async def fail_exhausted(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID, *, max_attempts: int) -> bool:
+    """Fail `worker_lost` a claimable export that has used all its attempts; whether one was."""
+    result = await session.execute(
+        update(ExportJob)
+        .where(
+            ExportJob.id == export_id,
+            ExportJob.org_id == org_id,
+            ExportJob.deleted_at.is_(None),
+            ExportJob.attempt >= max_attempts,
+            _claimable(),
+        )
+        .values(**failed("worker_lost"))
+        .returning(ExportJob.id)
+        .execution_options(synchronize_session=False)
+    )
+    return result.first() is not None
+
+
+async def fenced(session: AsyncSession, fence: Fence, **values: Any) -> bool:
+    """Update the row only while `fence`'s execution runs it; whether it did."""
+    result = await session.execute(
+        update(ExportJob)
+        .where(
+            ExportJob.id == fence.export_id,
+            ExportJob.org_id == fence.org_id,
+            ExportJob.execution_id == fence.execution_id,
+            ExportJob.state == ExportState.running.value,
+        )
+        .values(**values)
+        .returning(ExportJob.id)
+        .execution_options(synchronize_session=False)
+    )
+    return result.first() is not None
+
+
+def renewed(lease_seconds: float) -> dict[str, Any]:
+    """The columns a lease renewal sets."""
+    return {"lease_expires_at": _now() + seconds(lease_seconds)}
+
+
+def failed(code: str) -> dict[str, Any]:
+    """The columns a failure sets."""
+    return {"state": ExportState.failed.value, "error_code": code, "lease_expires_at": None, "completed_at": _now()}
+
+
+def handed_back() -> dict[str, Any]:
+    """The columns that give a running export back to the queue (no lease: the next claim takes it at once)."""
+    return {"state": ExportState.queued.value, "lease_expires_at": None}
+
+
+def completed(
+    *, ttl_seconds: float, snapshot_at: dt.datetime, row_count: int, byte_size: int, sha256: str
+) -> dict[str, Any]:
+    """The columns the publish sets."""
+    # statement_timestamp(): after the lock wait, so the TTL starts when the result really appears.
+    now = func.statement_timestamp()
+    return {
+        "state": ExportState.completed.value,
+        "progress": 100,
+        "error_code": None,
+        "completed_at": now,
+        "expires_at": now + seconds(ttl_seconds),
+        "snapshot_at": snapshot_at,
+        "row_count": row_count,
+        "byte_size": byte_size,
+        "sha256": sha256,
+        "lease_expires_at": None,
+    }
+
+
+# --- maintenance -----------------------------------------------------------------------------------------------
+
+
+async def reconcile_candidates(session: AsyncSession, limit: int) -> list[tuple[uuid.UUID, uuid.UUID, str, int]]:
+    """(export, org, state, attempt) of queued exports and running ones with an expired lease, across orgs."""
+    rows = await session.execute(text("SELECT * FROM space_exports_reconcile_candidates(:n)"), {"n": limit})
+    return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+
+async def expired_results(session: AsyncSession, limit: int) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """(export, org) of completed exports past expiresAt whose result is not purged yet, across orgs."""
+    rows = await session.execute(text("SELECT * FROM space_exports_expired_results(:n)"), {"n": limit})
+    return [(r[0], r[1]) for r in rows]
+
+
+async def orphan_executions(session: AsyncSession, limit: int) -> list[tuple[uuid.UUID, uuid.UUID, uuid.UUID]]:
+    """(export, org, execution) of stored chunks that no live published or running execution owns."""
+    rows = await session.execute(text("SELECT * FROM space_exports_orphan_executions(:n)"), {"n": limit})
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+async def mark_purged(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID) -> uuid.UUID | None:
+    """Mark an expired result purged (the row stays for history); its execution id, or None if not due."""
+    execution_id: uuid.UUID | None = await session.scalar(
+        update(ExportJob)
+        .where(
+            ExportJob.id == export_id,
+            ExportJob.org_id == org_id,
+            ExportJob.state == ExportState.completed.value,
+            ExportJob.purged_at.is_(None),
+            ExportJob.expires_at <= func.clock_timestamp(),
+        )
+        .values(purged_at=func.clock_timestamp())
+        .returning(ExportJob.execution_id)
+        .execution_options(synchronize_session=False)
+    )
+    return execution_id
