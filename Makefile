@@ -17,8 +17,8 @@ run: install
 	$(BIN)/space up
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks migrations
+	$(BIN)/ruff format --check src tests benchmarks migrations
 	$(BIN)/mypy
 
 test: lint

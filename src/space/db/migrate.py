@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 from alembic import command
@@ -9,13 +10,23 @@ from alembic.config import Config
 
 from space.db.engine import sync_url
 
-MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+
+def migrations_dir() -> Path:
+    """The folder of the installed package `space.migrations` (the top-level migrations/ of a checkout).
+
+    Located through the import system, not relative to this file: pyproject maps the package to
+    migrations/, so an editable install and a wheel both resolve it.
+    """
+    location = files("space.migrations")
+    if not isinstance(location, Path):  # e.g. a zipped install: Alembic needs a real folder
+        raise RuntimeError(f"space.migrations is not a folder on disk: {location}")
+    return location
 
 
 def alembic_config(owner_url: str) -> Config:
-    """An Alembic Config pointing at space/migrations and the given owner URL."""
+    """An Alembic Config pointing at the package space.migrations and the given owner URL."""
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("script_location", str(migrations_dir()))
     cfg.set_main_option("sqlalchemy.url", sync_url(owner_url).replace("%", "%%"))
     return cfg
 

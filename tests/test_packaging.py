@@ -1,0 +1,28 @@
+"""Packaging: every package folder ships, and the migrations resolve through the installed package."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from space.db.migrate import migrations_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_explicit_package_list_matches_the_folders() -> None:
+    """`packages` is written out (packages.find cannot reach migrations/): a new package folder must join it."""
+    on_disk: set[str] = set()
+    for prefix, folder in SETUPTOOLS["package-dir"].items():
+        base = ROOT / folder
+        for init in base.rglob("__init__.py"):
+            on_disk.add(".".join([*([prefix] if prefix else []), *init.parent.relative_to(base).parts]))
+    assert set(SETUPTOOLS["packages"]) == on_disk
+
+
+def test_migrations_resolve_through_the_package() -> None:
+    location = migrations_dir()
+    assert location.resolve() == (ROOT / "migrations").resolve()
+    assert (location / "env.py").is_file()
+    assert (location / "versions" / "0001_foundation.py").is_file()
