@@ -28,7 +28,7 @@ from space.config import Settings
 from space.db import Database
 from space.exports.jobs import run_export
 from tests import helpers
-from tests.exports_fixtures import add_project, add_tickets, create_export, runner, uid
+from tests.exports.fixtures import add_project, add_tickets, create_export, runner, uid
 from tests.helpers import Api, Org
 
 pytestmark = pytest.mark.fuzz

@@ -35,7 +35,7 @@ from space.db import Database
 from space.exports.jobs import cleanup, run_export
 from space.exports.storage import PgResultStore
 from tests import helpers
-from tests.exports_fixtures import add_project, add_tickets, runner, tuned, uid
+from tests.exports.fixtures import add_project, add_tickets, runner, tuned, uid
 from tests.helpers import Api, UserFactory
 
 T = TypeVar("T")

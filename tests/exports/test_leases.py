@@ -21,7 +21,7 @@ from space.exports.jobs import cleanup, publish, reconcile, run_export, run_expo
 from space.exports.lease import Built, Lease, LeaseLost
 from space.exports.queue import RUN_EXPORT, export_job, make_queue
 from space.exports.storage import PgResultStore, ResultKey
-from tests.exports_fixtures import (
+from tests.exports.fixtures import (
     WAIT,
     Gate,
     add_project,

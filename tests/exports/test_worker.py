@@ -16,7 +16,7 @@ from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork, app_url
 from space.exports.jobs import run_export
 from space.exports.storage import PgResultStore, ResultKey
-from tests.exports_fixtures import (
+from tests.exports.fixtures import (
     Gate,
     add_project,
     add_tickets,

@@ -19,7 +19,7 @@ import pytest
 from space.db import Database, app_url
 from space.db.migrate import upgrade
 from space.embedded import ensure_database
-from tests.exports_fixtures import add_tickets, create_export
+from tests.exports.fixtures import add_tickets, create_export
 from tests.faults.procs import ROWS, MidRead, Owner, Procs, observed, published_csv, run_cleanup
 from tests.helpers import Api, UserFactory
 

@@ -26,7 +26,7 @@ from space.orgs.jobs import PURGE_TABLES, purge_due, purge_due_job
 from space.orgs.lifecycle import Action, change_state
 from space.orgs.models import Membership, Organization
 from space.orgs.schemas import DeletionRequest
-from tests.exports_fixtures import (
+from tests.exports.fixtures import (
     WAIT,
     Gate,
     background,
