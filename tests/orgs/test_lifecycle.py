@@ -12,13 +12,13 @@ import psycopg
 import pytest
 from litestar.testing import AsyncTestClient
 from psycopg import sql
-from sqlalchemy import make_url, select, text
+from sqlalchemy import select, text
 
 from space.app import create_app
 from space.auth.deps import MemberContext
 from space.auth.service import Principal
 from space.config import Settings, load_settings
-from space.db import Database, Tenant, UnitOfWork, app_url
+from space.db import Database, Tenant, UnitOfWork
 from space.db.migrate import downgrade, upgrade
 from space.exports.jobs import run_export
 from space.orgs import lifecycle
@@ -39,7 +39,7 @@ from tests.exports.fixtures import (
     uid,
     wait_for,
 )
-from tests.helpers import Api, Org, UserFactory, assert_problem
+from tests.helpers import Api, Org, UserFactory, app_database, assert_problem, fresh_database
 
 # Tables the purge must empty (invitations does not exist yet; the purge skips missing tables).
 COUNTED = [t for t in PURGE_TABLES if t != "invitations"]
@@ -560,11 +560,7 @@ async def test_due_orgs_are_found_only_through_the_definer_function(
 
 
 def test_migrations_round_trip(owner_url: str) -> None:
-    name = f"space_rt_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(owner_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = make_url(owner_url).set(database=name).render_as_string(hide_password=False)
-    try:
+    with fresh_database(owner_url, "space_rt", migrate=False) as url:
         upgrade(url)
         downgrade(url, "base")
         upgrade(url)
@@ -576,9 +572,6 @@ def test_migrations_round_trip(owner_url: str) -> None:
             assert conn.execute("SELECT to_regproc('space_maintenance_due_purges')").fetchone() != (None,)
             grant = "SELECT has_table_privilege('space_app', 'ticket_counters', 'DELETE')"
             assert conn.execute(grant).fetchone() == (True,)
-    finally:
-        with psycopg.connect(owner_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 # --- exports in each state (SPEC §3's last two columns) ---------------------------------------------------------
@@ -680,22 +673,20 @@ async def test_deletion_waits_for_a_publish_holding_the_org_lock(
     export = await create_export(api, org, org.owner, {"kind": "snapshot"})
     eid, oid = uid(export["id"]), uid(org.id)
     worker_app, lifecycle_app = (f"space-{x}-{uuid.uuid4().hex[:8]}" for x in ("worker", "lifecycle"))
-    worker_db = Database(app_url(owner_url), application_name=worker_app)
-    lifecycle_db = Database(app_url(owner_url), application_name=lifecycle_app)
     gate = Gate({"publish_locked"})
-    try:
-        async with background(run_export(runner(settings, worker_db), eid, oid, gate=gate), gate) as worker:
-            await gate.reached("publish_locked")
-            async with background(_deletion_in(lifecycle_db, org)) as requested:
-                await wait_for(lambda: blocked_by(owner_url, lifecycle_app, worker_app), "the deletion to wait")
-                assert not requested.done()
-                gate.resume("publish_locked")
-                assert await asyncio.wait_for(worker, WAIT) == "completed"
-                # Ordered after the publish: the export just published counts as the final export.
-                assert (await asyncio.wait_for(requested, WAIT)).state == "deleting"
-    finally:
-        await worker_db.dispose()
-        await lifecycle_db.dispose()
+    async with (
+        app_database(owner_url, worker_app) as worker_db,
+        app_database(owner_url, lifecycle_app) as lifecycle_db,
+        background(run_export(runner(settings, worker_db), eid, oid, gate=gate), gate) as worker,
+    ):
+        await gate.reached("publish_locked")
+        async with background(_deletion_in(lifecycle_db, org)) as requested:
+            await wait_for(lambda: blocked_by(owner_url, lifecycle_app, worker_app), "the deletion to wait")
+            assert not requested.done()
+            gate.resume("publish_locked")
+            assert await asyncio.wait_for(worker, WAIT) == "completed"
+            # Ordered after the publish: the export just published counts as the final export.
+            assert (await asyncio.wait_for(requested, WAIT)).state == "deleting"
     job = await job_row(db, org.id, eid)
     assert job.state == "completed" and await chunk_count(db, org.id, eid) > 0
     # The result exists, and the deleting org refuses to hand it out.
@@ -709,26 +700,23 @@ async def test_publish_waits_for_a_deletion_holding_the_org_lock(
     export = await create_export(api, org, org.owner, {"kind": "snapshot"})
     eid, oid = uid(export["id"]), uid(org.id)
     worker_app, lifecycle_app = (f"space-{x}-{uuid.uuid4().hex[:8]}" for x in ("worker", "lifecycle"))
-    worker_db = Database(app_url(owner_url), application_name=worker_app)
-    lifecycle_db = Database(app_url(owner_url), application_name=lifecycle_app)
     gate = Gate({"before_publish"})
     hold, locked = asyncio.Event(), asyncio.Event()
-    try:
-        async with background(run_export(runner(settings, worker_db), eid, oid, gate=gate), gate) as worker:
-            await gate.reached("before_publish")
-            async with background(_deletion_in(lifecycle_db, org, hold, locked)) as requested:
-                await asyncio.wait_for(locked.wait(), WAIT)
-                gate.resume("before_publish")
-                await wait_for(lambda: blocked_by(owner_url, worker_app, lifecycle_app), "the publish to wait")
-                assert not worker.done()
-                hold.set()
-                assert (await asyncio.wait_for(requested, WAIT)).state == "deleting"
-                # Ordered after the deletion: the publish re-checks under the lock and refuses.
-                assert await asyncio.wait_for(worker, WAIT) == "org_deleting"
-    finally:
-        hold.set()
-        await worker_db.dispose()
-        await lifecycle_db.dispose()
+    async with app_database(owner_url, worker_app) as worker_db, app_database(owner_url, lifecycle_app) as lifecycle_db:
+        try:
+            async with background(run_export(runner(settings, worker_db), eid, oid, gate=gate), gate) as worker:
+                await gate.reached("before_publish")
+                async with background(_deletion_in(lifecycle_db, org, hold, locked)) as requested:
+                    await asyncio.wait_for(locked.wait(), WAIT)
+                    gate.resume("before_publish")
+                    await wait_for(lambda: blocked_by(owner_url, worker_app, lifecycle_app), "the publish to wait")
+                    assert not worker.done()
+                    hold.set()
+                    assert (await asyncio.wait_for(requested, WAIT)).state == "deleting"
+                    # Ordered after the deletion: the publish re-checks under the lock and refuses.
+                    assert await asyncio.wait_for(worker, WAIT) == "org_deleting"
+        finally:
+            hold.set()
     job = await job_row(db, org.id, eid)
     assert (job.state, job.error_code, job.sha256) == ("failed", "org_deleting", None)
     assert await chunk_count(db, org.id, eid) == 0
