@@ -40,7 +40,8 @@ def owner_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def settings(owner_url: str) -> Settings:
-    """Settings for the code under test, with small limits so tests can reach them."""
+    """The default settings (no environment read) on the test database. Tests rely on these defaults (the
+    7-day grace period, the export limits); one that needs other values derives them (`tuned`, `settings0`)."""
     return load_settings({}, database_url=owner_url)
 
 
