@@ -7,7 +7,9 @@ import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 from litestar.testing import AsyncTestClient
 
@@ -38,6 +40,14 @@ def owner_url() -> Iterator[str]:
         yield url
 
 
+@pytest.fixture
+def owner(owner_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """An owner connection (autocommit): catalogue queries, and rows read or written across orgs, bypassing RLS
+    as the app role never can."""
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        yield conn
+
+
 @pytest.fixture(scope="session")
 def settings(owner_url: str) -> Settings:
     """The default settings (no environment read) on the test database. Tests rely on these defaults (the
@@ -65,7 +75,8 @@ def users(db: Database) -> UserFactory:
     return UserFactory(db)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def api(client: AsyncTestClient, users: UserFactory) -> Api:  # type: ignore[type-arg]
-    """A thin helper to call the API as a given user."""
+    """A thin helper to call the API as a given user (it holds no state: one for the session, so module-scoped
+    fixtures can use it too)."""
     return Api(client, users)

@@ -104,15 +104,9 @@ async def _tenant(api: Api, db: Database, settings: Settings, name: str) -> Tena
 
 
 @pytest.fixture(scope="module")
-def api_module(client: Any, users: helpers.UserFactory) -> Api:
-    """The `api` helper, for the module."""
-    return Api(client, users)
-
-
-@pytest.fixture(scope="module")
-async def tenants(api_module: Api, db: Database, settings: Settings) -> Tenants:
+async def tenants(api: Api, db: Database, settings: Settings) -> Tenants:
     """Two orgs made through the real API, with data and exports."""
-    return Tenants(await _tenant(api_module, db, settings, "Fuzz A"), await _tenant(api_module, db, settings, "Fuzz B"))
+    return Tenants(await _tenant(api, db, settings, "Fuzz A"), await _tenant(api, db, settings, "Fuzz B"))
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -21,13 +21,6 @@ SETTINGS = ["app.org_id", "app.user_id", "app.customer_id"]
 
 def _libpq(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-@pytest.fixture
-def owner(owner_url: str) -> Iterator[psycopg.Connection[Any]]:
-    """A superuser/owner connection for catalogue queries and fixture rows that bypass RLS."""
-    with psycopg.connect(owner_url, autocommit=True) as conn:
-        yield conn
 
 
 @pytest.fixture

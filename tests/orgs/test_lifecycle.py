@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -44,13 +44,6 @@ from tests.helpers import Api, Org, UserFactory, app_database, assert_problem, f
 # Tables the purge must empty (invitations does not exist yet; the purge skips missing tables).
 COUNTED = [t for t in PURGE_TABLES if t != "invitations"]
 SKIP = {"skipFinalExport": True}
-
-
-@pytest.fixture
-def owner(owner_url: str) -> Iterator[psycopg.Connection[Any]]:
-    """An owner connection: counts rows across orgs, as the app role never can."""
-    with psycopg.connect(owner_url, autocommit=True) as conn:
-        yield conn
 
 
 @pytest.fixture(scope="module")
