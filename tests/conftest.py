@@ -80,3 +80,25 @@ def api(client: AsyncTestClient, users: UserFactory) -> Api:  # type: ignore[typ
     """A thin helper to call the API as a given user (it holds no state: one for the session, so module-scoped
     fixtures can use it too)."""
     return Api(client, users)
+
+
+# --- an app with no deletion grace period (the org lifecycle, the purge, exports in each org state) -----------
+
+
+@pytest.fixture(scope="module")
+def settings0(owner_url: str) -> Settings:
+    """Settings with no grace period: a deletion request is due at once."""
+    return load_settings({}, database_url=owner_url, deletion_grace_seconds=0)
+
+
+@pytest.fixture(scope="module")
+async def client0(settings0: Settings) -> AsyncIterator[AsyncTestClient]:  # type: ignore[type-arg]
+    """The real app built with settings0."""
+    async with AsyncTestClient(app=create_app(settings0)) as c:
+        yield c
+
+
+@pytest.fixture
+def api0(client0: AsyncTestClient, users: UserFactory) -> Api:  # type: ignore[type-arg]
+    """API caller against the no-grace app."""
+    return Api(client0, users)
