@@ -5,21 +5,19 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from litestar.testing import AsyncTestClient
-from psycopg import sql
 
 from space.app import create_app
 from space.config import Settings, load_settings
-from space.db import Database, UnitOfWork, app_url
-from space.db.migrate import upgrade
+from space.db import Database
 from space.embedded import embedded_server
-from tests.helpers import Api, UserFactory
+from tests.helpers import Api, UserFactory, app_database, fresh_database
 
 
 @contextlib.contextmanager
@@ -38,39 +36,30 @@ def _server() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def owner_url() -> Iterator[str]:
     """A fresh database on the test server, migrated to head; dropped at the end."""
-    with _server() as server_url:
-        name = f"space_test_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        base = psycopg.conninfo.conninfo_to_dict(server_url)
-        url = _with_dbname(server_url, name)
-        upgrade(url)
-        try:
-            yield url
-        finally:
-            with psycopg.connect(psycopg.conninfo.make_conninfo(**{**base}), autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with _server() as server_url, fresh_database(server_url, "space_test") as url:
+        yield url
 
 
-def _with_dbname(url: str, name: str) -> str:
-    from sqlalchemy import make_url
-
-    return make_url(url).set(database=name).render_as_string(hide_password=False)
+@pytest.fixture
+def owner(owner_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """An owner connection (autocommit): catalogue queries, and rows read or written across orgs, bypassing RLS
+    as the app role never can."""
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        yield conn
 
 
 @pytest.fixture(scope="session")
 def settings(owner_url: str) -> Settings:
-    """Settings for the code under test, with small limits so tests can reach them."""
+    """The default settings (no environment read) on the test database. Tests rely on these defaults (the
+    7-day grace period, the export limits); one that needs other values derives them (`tuned`, `settings0`)."""
     return load_settings({}, database_url=owner_url)
 
 
 @pytest.fixture(scope="session")
-async def db(settings: Settings) -> AsyncIterator[Database]:
+async def db(owner_url: str) -> AsyncIterator[Database]:
     """The app role's engine, for fixtures and direct service calls."""
-    assert settings.database_url
-    database = Database(app_url(settings.database_url), application_name="space-tests")
-    yield database
-    await database.dispose()
+    async with app_database(owner_url, "space-tests") as database:
+        yield database
 
 
 @pytest.fixture(scope="session")
@@ -86,12 +75,30 @@ def users(db: Database) -> UserFactory:
     return UserFactory(db)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def api(client: AsyncTestClient, users: UserFactory) -> Api:  # type: ignore[type-arg]
-    """A thin helper to call the API as a given user."""
+    """A thin helper to call the API as a given user (it holds no state: one for the session, so module-scoped
+    fixtures can use it too)."""
     return Api(client, users)
 
 
-async def open_uow(db: Database) -> UnitOfWork:
-    """A unit of work with no tenant context."""
-    return UnitOfWork(db.sessionmaker)
+# --- an app with no deletion grace period (the org lifecycle, the purge, exports in each org state) -----------
+
+
+@pytest.fixture(scope="module")
+def settings0(owner_url: str) -> Settings:
+    """Settings with no grace period: a deletion request is due at once."""
+    return load_settings({}, database_url=owner_url, deletion_grace_seconds=0)
+
+
+@pytest.fixture(scope="module")
+async def client0(settings0: Settings) -> AsyncIterator[AsyncTestClient]:  # type: ignore[type-arg]
+    """The real app built with settings0."""
+    async with AsyncTestClient(app=create_app(settings0)) as c:
+        yield c
+
+
+@pytest.fixture
+def api0(client0: AsyncTestClient, users: UserFactory) -> Api:  # type: ignore[type-arg]
+    """API caller against the no-grace app."""
+    return Api(client0, users)

@@ -1,20 +1,58 @@
-"""Test helpers: users with tokens, an API caller, org set-up through the API."""
+"""Test helpers: test databases and engines, users with tokens, an API caller, org set-up through the API."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import psycopg
 from httpx import Response
 from litestar.testing import AsyncTestClient
 from litestar.testing.transport import TestClientTransport
+from psycopg import sql
+from sqlalchemy import make_url
 
 from space.auth import service as auth
-from space.db import Database, UnitOfWork
+from space.db import Database, UnitOfWork, app_url
+from space.db.migrate import upgrade
+
+
+@contextlib.contextmanager
+def fresh_database(server_url: str, prefix: str, *, migrate: bool = True) -> Iterator[str]:
+    """A new database `<prefix>_<random>` on the server of `server_url` (a URL of any database there, used to
+    connect), migrated to head unless `migrate` is false; dropped WITH (FORCE) on exit. Yields its owner URL.
+
+    The one way the tests make a database: the session's test database, the fault tests' second one and the
+    migrations round trip's empty one.
+    """
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+        if migrate:
+            upgrade(url)
+        yield url
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@contextlib.asynccontextmanager
+async def app_database(owner_url: str, application_name: str, **options: Any) -> AsyncIterator[Database]:
+    """The app role's engine on the database of `owner_url`, its connections tagged `application_name` (as
+    pg_stat_activity shows them); `options` go to Database (pool_size). Disposed on exit."""
+    database = Database(app_url(owner_url), application_name=application_name, **options)
+    try:
+        yield database
+    finally:
+        await database.dispose()
 
 
 @dataclass(frozen=True)

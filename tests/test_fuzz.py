@@ -28,7 +28,7 @@ from space.config import Settings
 from space.db import Database
 from space.exports.pipeline import run_export
 from tests import helpers
-from tests.exports_fixtures import add_project, add_tickets, create_export, runner, uid
+from tests.exports.fixtures import add_project, add_tickets, create_export, runner, uid
 from tests.helpers import Api, Org
 
 pytestmark = pytest.mark.fuzz
@@ -104,15 +104,9 @@ async def _tenant(api: Api, db: Database, settings: Settings, name: str) -> Tena
 
 
 @pytest.fixture(scope="module")
-def api_module(client: Any, users: helpers.UserFactory) -> Api:
-    """The `api` helper, for the module."""
-    return Api(client, users)
-
-
-@pytest.fixture(scope="module")
-async def tenants(api_module: Api, db: Database, settings: Settings) -> Tenants:
+async def tenants(api: Api, db: Database, settings: Settings) -> Tenants:
     """Two orgs made through the real API, with data and exports."""
-    return Tenants(await _tenant(api_module, db, settings, "Fuzz A"), await _tenant(api_module, db, settings, "Fuzz B"))
+    return Tenants(await _tenant(api, db, settings, "Fuzz A"), await _tenant(api, db, settings, "Fuzz B"))
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ from space.exports.maintenance import cleanup
 from space.exports.pipeline import run_export
 from space.exports.storage import PgResultStore
 from tests import helpers
-from tests.exports_fixtures import add_project, add_tickets, runner, tuned, uid
+from tests.exports.fixtures import add_project, add_tickets, runner, tuned, uid
 from tests.helpers import Api, UserFactory
 
 T = TypeVar("T")

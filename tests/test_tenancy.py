@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -12,7 +12,7 @@ from sqlalchemy import make_url, text
 from sqlalchemy.exc import DBAPIError
 
 from space.db import APP_ROLE, Database, Tenant, UnitOfWork, app_url
-from tests.helpers import Api, Org
+from tests.helpers import Api, Org, app_database
 
 # Tenant tables a request reads; each must show nothing without a tenant context.
 TENANT_READS = ["memberships", "projects", "tasks", "tickets", "ticket_counters", "export_jobs", "export_chunks"]
@@ -24,18 +24,10 @@ def _libpq(url: str) -> str:
 
 
 @pytest.fixture
-def owner(owner_url: str) -> Iterator[psycopg.Connection[Any]]:
-    """A superuser/owner connection for catalogue queries and fixture rows that bypass RLS."""
-    with psycopg.connect(owner_url, autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
-async def pool1(db: Database) -> AsyncIterator[Database]:
+async def pool1(owner_url: str) -> AsyncIterator[Database]:
     """The app role's engine with one pooled connection, so consecutive transactions share a backend."""
-    database = Database(db.url, application_name="space-tests-pool1", pool_size=1)
-    yield database
-    await database.dispose()
+    async with app_database(owner_url, "space-tests-pool1", pool_size=1) as database:
+        yield database
 
 
 def _seed_rows(owner: psycopg.Connection[Any], org: Org) -> dict[str, uuid.UUID]:

@@ -3,43 +3,29 @@ workers), one real API process on it, and the worker processes each test starts.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
-from psycopg import sql
-from sqlalchemy import make_url
 
-from space.db import Database, app_url
-from space.db.migrate import upgrade
+from space.db import Database
 from tests.faults.procs import Owner, Procs
-from tests.helpers import Api, UserFactory
+from tests.helpers import Api, UserFactory, app_database, fresh_database
 
 
 @pytest.fixture(scope="session")
 def faults_url(owner_url: str) -> Iterator[str]:
     """A second fresh database on the test server, migrated: the fault tests' workers see only their jobs."""
-    name = f"space_faults_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(owner_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = make_url(owner_url).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    try:
+    with fresh_database(owner_url, "space_faults") as url:
         yield url
-    finally:
-        with psycopg.connect(owner_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture(scope="session")
 async def faults_db(faults_url: str) -> AsyncIterator[Database]:
     """The app role on the faults database (seeding, and calling the cleanup job)."""
-    database = Database(app_url(faults_url), application_name="space-faults-tests")
-    yield database
-    await database.dispose()
+    async with app_database(faults_url, "space-faults-tests") as database:
+        yield database
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from psycopg.rows import dict_row
 from space.db import Database
 from space.exports.maintenance import cleanup
 from space.exports.storage import PgResultStore
-from tests.exports_fixtures import add_tickets, download, parse_csv, wait_for
+from tests.exports.fixtures import add_tickets, download, parse_csv, wait_for
 from tests.helpers import Api, Org
 
 SPACE = Path(sys.executable).with_name("space")

@@ -16,12 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
-from space.db import Database, app_url
+from space.db import Database
 from space.db.migrate import upgrade
 from space.embedded import ensure_database
-from tests.exports_fixtures import add_tickets, create_export
+from tests.exports.fixtures import add_tickets, create_export
 from tests.faults.procs import ROWS, MidRead, Owner, Procs, observed, published_csv, run_cleanup
-from tests.helpers import Api, UserFactory
+from tests.helpers import Api, UserFactory, app_database
 
 pytestmark = pytest.mark.faults
 
@@ -84,9 +84,8 @@ async def own_api(own_procs: Procs) -> str:
 @pytest.fixture(scope="module")
 async def own_db(own_pg: OwnServer) -> AsyncIterator[Database]:
     """The app role on the module's server."""
-    database = Database(app_url(own_pg.url), application_name="space-faults-tests")
-    yield database
-    await database.dispose()
+    async with app_database(own_pg.url, "space-faults-tests") as database:
+        yield database
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from space.db import Database
-from tests.exports_fixtures import create_export, download
+from tests.exports.fixtures import create_export, download
 from tests.faults.procs import (
     FAULT_SETTINGS,
     ROWS,

@@ -26,7 +26,7 @@ import pytest
 from space.config import Settings
 from space.db import Database
 from space.exports.pipeline import run_export
-from tests.exports_fixtures import add_tickets, create_export, download, parse_csv, runner, uid
+from tests.exports.fixtures import add_tickets, create_export, download, parse_csv, runner, uid
 from tests.helpers import Api
 
 SIGNS = "=+-@" + "\uff1d\uff0b\uff0d\uff20" + "\ufe62\ufe63\ufe66\ufe6b"

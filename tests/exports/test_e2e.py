@@ -18,7 +18,7 @@ from space.app import create_app
 from space.config import Settings
 from space.db import Database
 from space.worker import run_worker
-from tests.exports_fixtures import (
+from tests.exports.fixtures import (
     add_project,
     add_tickets,
     create_export,

@@ -11,7 +11,7 @@ import pytest
 from space.config import Settings
 from space.db import Database
 from space.exports.pipeline import run_export
-from tests.exports_fixtures import (
+from tests.exports.fixtures import (
     Gate,
     add_tickets,
     background,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import datetime as dt
 import io
 import time
 import uuid
@@ -22,7 +23,7 @@ from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.exports.lease import Lease
 from space.exports.models import ExportChunk, ExportJob
-from space.exports.pipeline import ExportRunner
+from space.exports.pipeline import ExportRunner, run_export
 from space.exports.storage import PgResultStore
 from space.projects.models import Project, Task
 from space.tickets.models import Ticket, TicketCounter
@@ -102,6 +103,48 @@ async def add_project(
     return pid
 
 
+async def insert_export(
+    db: Database,
+    org_id: str,
+    creator_id: uuid.UUID,
+    *,
+    kind: str = "snapshot",
+    state: str = "completed",
+    completed_ago: dt.timedelta = dt.timedelta(hours=1),
+    chunks: int = 0,
+) -> uuid.UUID:
+    """An export_jobs row (and result chunks) written as the app role under the org's tenant context."""
+    export_id, execution_id = uuid.uuid4(), uuid.uuid4()
+    oid = uuid.UUID(org_id)
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=oid, user_id=creator_id)) as uow:
+        await uow.session.execute(
+            text(
+                "INSERT INTO export_jobs (id, org_id, creator_id, kind, state, scope, execution_id,"
+                " created_at, completed_at, progress)"
+                " VALUES (:id, :org, :creator, :kind, :state, 'team', :exec, now() - :ago, now() - :ago,"
+                " CASE WHEN :state = 'completed' THEN 100 ELSE 0 END)"
+            ),
+            {
+                "id": export_id,
+                "org": oid,
+                "creator": creator_id,
+                "kind": kind,
+                "state": state,
+                "exec": execution_id,
+                "ago": completed_ago,
+            },
+        )
+        for seq in range(chunks):
+            await uow.session.execute(
+                text(
+                    "INSERT INTO export_chunks (export_id, execution_id, seq, org_id, data)"
+                    " VALUES (:id, :exec, :seq, :org, :data)"
+                ),
+                {"id": export_id, "exec": execution_id, "seq": seq, "org": oid, "data": b"chunk-%d" % seq},
+            )
+    return export_id
+
+
 async def set_org_state(db: Database, org_id: str | uuid.UUID, state: str) -> None:
     """Move an org to a state directly (the lifecycle routes are tested elsewhere)."""
     oid = uid(org_id)
@@ -169,6 +212,13 @@ async def create_export(api: Api, org: Org, user: TestUser, body: dict[str, Any]
     data: dict[str, Any] = r.json()
     assert r.headers["location"] == org.path(f"/exports/{data['id']}")
     return data
+
+
+async def completed_export(api: Api, db: Database, settings: Settings, org: Org, body: dict[str, Any]) -> str:
+    """The owner's export, created through the API and built by the real worker; returns its id."""
+    export = await create_export(api, org, org.owner, body)
+    assert await run_export(runner(settings, db), uid(export["id"]), uid(org.id)) == "completed"
+    return str(export["id"])
 
 
 async def wait_for(check: Callable[[], Awaitable[Any]], what: str, within: float = WAIT) -> Any:

@@ -13,10 +13,10 @@ import psycopg
 from sqlalchemy import event, text
 
 from space.config import Settings
-from space.db import Database, Tenant, UnitOfWork, app_url
+from space.db import Database, Tenant, UnitOfWork
 from space.exports.pipeline import run_export
 from space.exports.storage import PgResultStore, ResultKey
-from tests.exports_fixtures import (
+from tests.exports.fixtures import (
     Gate,
     add_project,
     add_tickets,
@@ -30,7 +30,7 @@ from tests.exports_fixtures import (
     tuned,
     uid,
 )
-from tests.helpers import Api
+from tests.helpers import Api, app_database
 
 HEADER = ["number", "title", "status", "priority", "assignee", "createdAt", "updatedAt"]
 
@@ -298,19 +298,16 @@ async def test_read_timeout_fails_timeout(api: Api, db: Database, settings: Sett
     quick = tuned(settings, export_timeout_seconds=0.3)
 
     # The database side: the count statement runs past statement_timeout (the test slows it down).
-    slow_db = Database(app_url(owner_url), application_name="space-tests-slow")
+    async with app_database(owner_url, "space-tests-slow") as slow_db:
 
-    @event.listens_for(slow_db.engine.sync_engine, "before_cursor_execute", retval=True)
-    def slow_count(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> Any:
-        if statement.startswith("SELECT count(*)") and "FROM tickets" in statement:
-            statement = statement.replace("SELECT count(*)", "SELECT count(*) + 0 * length(pg_sleep(5)::text)", 1)
-        return statement, params
+        @event.listens_for(slow_db.engine.sync_engine, "before_cursor_execute", retval=True)
+        def slow_count(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> Any:
+            if statement.startswith("SELECT count(*)") and "FROM tickets" in statement:
+                statement = statement.replace("SELECT count(*)", "SELECT count(*) + 0 * length(pg_sleep(5)::text)", 1)
+            return statement, params
 
-    try:
         export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
         assert await run_export(runner(quick, slow_db), uid(export["id"]), uid(org.id)) == "timeout"
-    finally:
-        await slow_db.dispose()
     job = await job_row(db, org.id, export["id"])
     assert (job.state, job.error_code) == ("failed", "timeout")
     assert await chunk_count(db, org.id, export["id"]) == 0

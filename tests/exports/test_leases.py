@@ -15,7 +15,7 @@ from saq import Worker
 from saq.queue.postgres import PostgresQueue
 
 from space.config import Settings
-from space.db import Database, app_url, queue_conninfo
+from space.db import Database, queue_conninfo
 from space.exports.failures import LeaseLost
 from space.exports.jobs import run_export_job
 from space.exports.lease import Built, Lease
@@ -23,7 +23,7 @@ from space.exports.maintenance import cleanup, reconcile
 from space.exports.pipeline import publish, run_export
 from space.exports.queue import RUN_EXPORT, export_job, make_queue
 from space.exports.storage import PgResultStore, ResultKey
-from tests.exports_fixtures import (
+from tests.exports.fixtures import (
     WAIT,
     Gate,
     add_project,
@@ -43,7 +43,7 @@ from tests.exports_fixtures import (
     uid,
     wait_for,
 )
-from tests.helpers import Api, assert_problem
+from tests.helpers import Api, app_database, assert_problem
 
 
 async def _stale_writes_refused(db: Database, settings: Settings, lease_a: Lease, org_id: str) -> None:
@@ -167,22 +167,21 @@ async def test_publish_holds_the_org_lock(api: Api, db: Database, settings: Sett
     export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
     eid, oid = uid(export["id"]), uid(org.id)
     worker_app = f"space-worker-{uuid.uuid4().hex[:8]}"
-    worker_db = Database(app_url(owner_url), application_name=worker_app)
     gate = Gate({"publish_locked"})
-    try:
-        async with background(run_export(runner(settings, worker_db), eid, oid, gate=gate), gate) as w:
-            await gate.reached("publish_locked")
-            # `concurrently` sends from a thread, so this loop stays free while the request waits.
-            change = [("PATCH", org.path(f"/members/{org.member.id}"), org.owner, {"role": "customer"})]
-            async with background(api.concurrently(change)) as demotion:
-                await wait_for(lambda: blocked_by(owner_url, "space-api", worker_app), "the role change to wait")
-                assert not demotion.done()
-                gate.resume("publish_locked")
-                assert await w == "completed"
-                [answer] = await asyncio.wait_for(demotion, WAIT)
-                assert answer.status_code == 200, answer.text
-    finally:
-        await worker_db.dispose()
+    async with (
+        app_database(owner_url, worker_app) as worker_db,
+        background(run_export(runner(settings, worker_db), eid, oid, gate=gate), gate) as w,
+    ):
+        await gate.reached("publish_locked")
+        # `concurrently` sends from a thread, so this loop stays free while the request waits.
+        change = [("PATCH", org.path(f"/members/{org.member.id}"), org.owner, {"role": "customer"})]
+        async with background(api.concurrently(change)) as demotion:
+            await wait_for(lambda: blocked_by(owner_url, "space-api", worker_app), "the role change to wait")
+            assert not demotion.done()
+            gate.resume("publish_locked")
+            assert await w == "completed"
+            [answer] = await asyncio.wait_for(demotion, WAIT)
+            assert answer.status_code == 200, answer.text
     job = await job_row(db, org.id, eid)
     assert job.state == "completed" and await chunk_count(db, org.id, eid) > 0
     # Published before the demotion: the file stays, but the (now customer) owner may not take team data.

@@ -1,0 +1,82 @@
+"""Helpers of the org lifecycle tests (orgs/test_lifecycle.py, orgs/test_purge.py, exports/test_lifecycle.py):
+the organizations row as the owner sees it, an org with rows in every purged table, a deletion request, and the
+check that a deleted org is gone from every route."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from space.config import Settings
+from space.db import Database
+from tests.exports.fixtures import completed_export, insert_export
+from tests.helpers import Api, Org, assert_problem
+
+SKIP = {"skipFinalExport": True}
+"""The part of a deletion request that skips the final-export recommendation."""
+
+
+def org_row(owner: psycopg.Connection[Any], org_id: str) -> dict[str, Any]:
+    """The organizations row, as the owner sees it."""
+    with owner.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        row = cur.execute("SELECT * FROM organizations WHERE id = %s", (org_id,)).fetchone()
+    assert row is not None
+    return row
+
+
+async def seed(api: Api, db: Database, settings: Settings, org: Org, *, projects: int = 2, tickets: int = 3) -> None:
+    """Rows in every purged table: projects, tasks, tickets and a real export through the API and worker,
+    plus more export rows and chunks written as the app role (so small batches take several rounds)."""
+    for p in range(projects):
+        r = await api.call("POST", org.path("/projects"), org.member, json={"name": f"p{p}"})
+        assert r.status_code == 201, r.text
+        for t in range(2):
+            r2 = await api.call(
+                "POST", org.path(f"/projects/{r.json()['id']}/tasks"), org.member, json={"title": f"t{t}"}
+            )
+            assert r2.status_code == 201, r2.text
+    for i in range(tickets):
+        who = org.customer if i % 2 else org.member
+        r = await api.call("POST", org.path("/tickets"), who, json={"title": f"ticket {i}"})
+        assert r.status_code == 201, r.text
+    await completed_export(api, db, settings, org, {"kind": "snapshot"})
+    await insert_export(db, org.id, org.owner.id, chunks=3)
+    await insert_export(db, org.id, org.member.id, kind="tickets_csv", chunks=2)
+
+
+async def request_deletion(api: Api, org: Org) -> dict[str, Any]:
+    """Owner requests deletion skipping the final export; returns the org body."""
+    r = await api.call("POST", org.path("/deletion"), org.owner, json={"confirm": "Acme", **SKIP})
+    assert r.status_code == 202, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+async def assert_gone(api: Api, org: Org, project_id: str) -> None:
+    """Every route of the org answers 404 to every former member."""
+    for who in [org.owner, org.admin, org.member, org.customer]:
+        for method, path, body in [
+            ("GET", "", None),
+            ("GET", "/members", None),
+            ("POST", "/members", {"email": org.admin.email, "role": "member"}),
+            ("PATCH", f"/members/{org.member.id}", {"role": "admin"}),
+            ("DELETE", f"/members/{org.member.id}", None),
+            ("GET", "/projects", None),
+            ("POST", "/projects", {"name": "x"}),
+            ("GET", f"/projects/{project_id}", None),
+            ("GET", f"/projects/{project_id}/tasks", None),
+            ("GET", "/tickets", None),
+            ("POST", "/tickets", {"title": "x"}),
+            ("PATCH", "/tickets/1", {"status": "closed"}),
+            ("POST", "/suspend", None),
+            ("POST", "/reactivate", None),
+            ("POST", "/deletion", {"confirm": "Acme", **SKIP}),
+            ("DELETE", "/deletion", None),
+            ("GET", "/exports", None),
+            ("POST", "/exports", {"kind": "snapshot"}),
+        ]:
+            kw = {} if body is None else {"json": body}
+            assert_problem(await api.call(method, org.path(path), who, **kw), 404, "not_found")
+        listed = (await api.call("GET", "/orgs", who)).json()["items"]
+        assert org.id not in [o["id"] for o in listed]
