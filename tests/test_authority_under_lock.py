@@ -1,0 +1,200 @@
+"""Authority is decided under the org lock, the org lock lets other tenants' work through, assignees race cleanly.
+
+The races follow TESTING.md: a second connection (the owner role, psycopg) holds the org row lock, the
+request is sent from a thread (`Api.concurrently`: the test client serves one request at a time), the test
+waits until `pg_blocking_pids` shows the request waiting on that connection, changes the world in the
+holding transaction (removes or demotes the caller), commits, and checks the answer and that nothing changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+from httpx import Response
+
+from tests import helpers
+from tests.exports_fixtures import WAIT, background, blocked_by, wait_for
+from tests.helpers import Api, Org, assert_problem
+
+API_APP = "space-api"
+"""The application_name of the API's connections (space.app)."""
+
+
+@dataclass
+class Holder:
+    """A second connection, as the owner role, tagged so pg_blocking_pids can name it."""
+
+    conn: psycopg.AsyncConnection[Any]
+    app: str
+
+    async def execute(self, query: str, params: tuple[Any, ...] = ()) -> None:
+        """Run a statement in the holding transaction."""
+        await self.conn.execute(query, params)
+
+    async def lock_org(self, org_id: str) -> None:
+        """Take the org row lock the way the app's lock_org does."""
+        await self.execute("SELECT 1 FROM organizations WHERE id = %s FOR NO KEY UPDATE", (org_id,))
+
+
+@contextlib.asynccontextmanager
+async def holder(owner_url: str) -> AsyncIterator[Holder]:
+    """A holding connection; whatever it holds is rolled back on exit unless the test committed it."""
+    app = f"space-holder-{uuid.uuid4().hex[:8]}"
+    conn = await psycopg.AsyncConnection.connect(owner_url, application_name=app)
+    try:
+        yield Holder(conn, app)
+    finally:
+        await conn.rollback()
+        await conn.close()
+
+
+async def waiting_on(owner_url: str, waiter: str, holder_app: str) -> None:
+    """Wait until a session tagged `waiter` is blocked by one tagged `holder_app`."""
+    await wait_for(lambda: blocked_by(owner_url, waiter, holder_app), f"{waiter} to wait on {holder_app}")
+
+
+def send(api: Api, method: str, path: str, user: helpers.TestUser, body: Any = None) -> asyncio.Task[list[Response]]:
+    """Send one request from a thread, so this loop stays free while it waits on a lock."""
+    return asyncio.ensure_future(api.concurrently([(method, path, user, body)]))
+
+
+async def race(
+    api: Api,
+    owner_url: str,
+    org: Org,
+    request: tuple[str, str, helpers.TestUser, Any],
+    change: Callable[[Holder], Awaitable[None]],
+) -> Response:
+    """Hold the org lock, let `request` wait on it, `change` the world in the holding transaction, release."""
+    async with holder(owner_url) as h:
+        await h.lock_org(org.id)
+        async with background(api.concurrently([request])) as sent:
+            try:
+                await waiting_on(owner_url, API_APP, h.app)
+                assert not sent.done()
+                await change(h)
+                await h.conn.commit()
+            finally:
+                # Release before `background` awaits the request, whatever happened.
+                await h.conn.rollback()
+            [answer] = await asyncio.wait_for(sent, WAIT)
+    return answer
+
+
+def remove(user: helpers.TestUser, org: Org) -> Callable[[Holder], Awaitable[None]]:
+    """The holding transaction removes `user` from the org."""
+
+    async def change(h: Holder) -> None:
+        await h.execute("DELETE FROM memberships WHERE org_id = %s AND user_id = %s", (org.id, user.id))
+
+    return change
+
+
+def demote(user: helpers.TestUser, org: Org, role: str) -> Callable[[Holder], Awaitable[None]]:
+    """The holding transaction gives `user` a lesser role."""
+
+    async def change(h: Holder) -> None:
+        await h.execute("UPDATE memberships SET role = %s WHERE org_id = %s AND user_id = %s", (role, org.id, user.id))
+
+    return change
+
+
+async def roles(api: Api, org: Org) -> dict[str, str]:
+    """userId -> role, as the org's first owner sees them."""
+    r = await api.call("GET", org.path("/members"), org.owner)
+    assert r.status_code == 200, r.text
+    return {m["userId"]: m["role"] for m in r.json()["items"]}
+
+
+async def org_body(api: Api, org: Org) -> dict[str, Any]:
+    """The org as its first owner reads it."""
+    r = await api.call("GET", org.path(), org.owner)
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+# --- member routes: the caller's membership is read again under the lock ---------------------------------------
+
+# A caller removed while waiting is no longer a member: 404 as for any non-member. One demoted below the
+# route's role: 403 `forbidden`, as the role guard answers before the lock.
+OUTCOMES = {"removed": (404, "not_found"), "demoted": (403, "forbidden")}
+
+
+@pytest.mark.parametrize("what", ["removed", "demoted"])
+@pytest.mark.parametrize("route", ["add", "change_role", "remove"])
+async def test_member_change_by_an_admin_who_lost_authority_while_waiting(
+    api: Api, owner_url: str, route: str, what: str
+) -> None:
+    org = await api.org()
+    newcomer = await api.users.make("newcomer")
+    requests = {
+        "add": ("POST", org.path("/members"), org.admin, {"email": newcomer.email, "role": "member"}),
+        "change_role": ("PATCH", org.path(f"/members/{org.member.id}"), org.admin, {"role": "customer"}),
+        "remove": ("DELETE", org.path(f"/members/{org.member.id}"), org.admin, None),
+    }
+    before = await roles(api, org)
+    change = remove(org.admin, org) if what == "removed" else demote(org.admin, org, "member")
+    answer = await race(api, owner_url, org, requests[route], change)
+    assert_problem(answer, *OUTCOMES[what])
+    after = await roles(api, org)
+    # Only the holder's change happened: no newcomer, the member untouched.
+    expected = dict(before)
+    if what == "removed":
+        del expected[str(org.admin.id)]
+    else:
+        expected[str(org.admin.id)] = "member"
+    assert after == expected
+
+
+async def test_member_added_while_the_org_was_suspended_meanwhile_is_refused(api: Api, owner_url: str) -> None:
+    org = await api.org()
+    newcomer = await api.users.make("newcomer")
+
+    async def suspend(h: Holder) -> None:
+        await h.execute("UPDATE organizations SET state = 'suspended' WHERE id = %s", (org.id,))
+
+    request = ("POST", org.path("/members"), org.owner, {"email": newcomer.email, "role": "member"})
+    assert_problem(await race(api, owner_url, org, request, suspend), 409, "org_suspended")
+    assert str(newcomer.id) not in await roles(api, org)
+
+
+# --- lifecycle routes: owner-only, re-checked under the lock ---------------------------------------------------
+
+LIFECYCLE = {
+    # route: (method, path suffix, body, the state the org is in before and after the refusal)
+    "suspend": ("POST", "/suspend", None, "active"),
+    "reactivate": ("POST", "/reactivate", None, "suspended"),
+    "request_deletion": ("POST", "/deletion", {"confirm": "Acme", "skipFinalExport": True}, "active"),
+    "cancel_deletion": ("DELETE", "/deletion", None, "deleting"),
+}
+
+
+@pytest.mark.parametrize("what", ["removed", "demoted"])
+@pytest.mark.parametrize("route", list(LIFECYCLE))
+async def test_lifecycle_change_by_an_owner_who_lost_authority_while_waiting(
+    api: Api, owner_url: str, route: str, what: str
+) -> None:
+    org = await api.org()
+    # A second owner, so demoting or removing the caller leaves the org an owner.
+    r = await api.call("PATCH", org.path(f"/members/{org.admin.id}"), org.owner, json={"role": "owner"})
+    assert r.status_code == 200, r.text
+    method, suffix, body, state = LIFECYCLE[route]
+    if state == "suspended":
+        assert (await api.call("POST", org.path("/suspend"), org.owner)).status_code == 200
+    if state == "deleting":
+        r = await api.call("POST", org.path("/deletion"), org.owner, json={"confirm": "Acme", "skipFinalExport": True})
+        assert r.status_code == 202, r.text
+    before = await org_body(api, org)
+    change = remove(org.admin, org) if what == "removed" else demote(org.admin, org, "admin")
+    answer = await race(api, owner_url, org, (method, org.path(suffix), org.admin, body), change)
+    assert_problem(answer, *OUTCOMES[what])
+    after = await org_body(api, org)
+    assert after == before and after["state"] == state
