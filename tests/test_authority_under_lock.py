@@ -19,6 +19,8 @@ import psycopg
 import pytest
 from httpx import Response
 
+from space.db import Database, Tenant, UnitOfWork, app_url
+from space.orgs.service import lock_org
 from tests import helpers
 from tests.exports_fixtures import WAIT, background, blocked_by, wait_for
 from tests.helpers import Api, Org, assert_problem
@@ -198,3 +200,97 @@ async def test_lifecycle_change_by_an_owner_who_lost_authority_while_waiting(
     assert_problem(answer, *OUTCOMES[what])
     after = await org_body(api, org)
     assert after == before and after["state"] == state
+
+
+# --- the org lock is FOR NO KEY UPDATE: inserts that reference the org go on ----------------------------------
+
+
+async def test_ticket_creation_goes_on_while_a_member_change_waits_for_the_org_lock(api: Api, owner_url: str) -> None:
+    org = await api.org()
+    async with holder(owner_url) as h:
+        await h.lock_org(org.id)
+        async with (
+            background(
+                send(api, "PATCH", org.path(f"/members/{org.member.id}"), org.owner, {"role": "customer"})
+            ) as change,
+            background(send(api, "POST", org.path("/tickets"), org.customer, {"title": "still served"})) as ticket,
+        ):
+            try:
+                # The ticket's foreign-key check takes FOR KEY SHARE on the org row: no conflict.
+                [created] = await asyncio.wait_for(asyncio.shield(ticket), WAIT)
+                assert created.status_code == 201, created.text
+                await waiting_on(owner_url, API_APP, h.app)
+                assert not change.done()
+            finally:
+                await h.conn.rollback()
+            [changed] = await asyncio.wait_for(change, WAIT)
+    assert changed.status_code == 200, changed.text
+    assert (await roles(api, org))[str(org.member.id)] == "customer"
+
+
+async def test_the_apps_own_org_lock_orders_changes_but_not_ticket_creation(api: Api, owner_url: str) -> None:
+    org = await api.org()
+    oid = uuid.UUID(org.id)
+    app = f"space-locker-{uuid.uuid4().hex[:8]}"
+    database = Database(app_url(owner_url), application_name=app)
+    locked, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        async with UnitOfWork(database.sessionmaker, Tenant(org_id=oid)) as uow:
+            await lock_org(uow.session, oid)
+            locked.set()
+            # Longer than any wait below, so a request stuck behind the lock fails its own wait first.
+            await asyncio.wait_for(release.wait(), 4 * WAIT)
+
+    change = ("PATCH", org.path(f"/members/{org.member.id}"), org.owner, {"role": "customer"})
+    suspension = ("POST", org.path("/suspend"), org.owner, None)
+    ticket = ("POST", org.path("/tickets"), org.customer, {"title": "served"})
+    try:
+        async with (
+            background(hold()) as held,
+            background(_after(locked, api, change)) as changed,
+            background(_after(locked, api, suspension)) as suspended,
+            background(_after(locked, api, ticket)) as created,
+        ):
+            try:
+                await asyncio.wait_for(locked.wait(), WAIT)
+                # Role changes and lifecycle transitions still queue on lock_org (as export publishes do).
+                await wait_for(lambda: _blocked_count(owner_url, app, 2), "the role change and the suspension to wait")
+                # A ticket's foreign-key check takes FOR KEY SHARE on the org row: it does not wait.
+                [t] = await asyncio.wait_for(asyncio.shield(created), WAIT)
+                assert t.status_code == 201, t.text
+                assert not suspended.done() and not changed.done()
+            finally:
+                # Release before the backgrounds await the requests, whatever happened.
+                release.set()
+            await asyncio.wait_for(held, WAIT)
+            [c] = await asyncio.wait_for(changed, WAIT)
+            [s] = await asyncio.wait_for(suspended, WAIT)
+    finally:
+        await database.dispose()
+    # Either order is fine (a suspension first refuses the role change as a write to a suspended org).
+    assert s.status_code == 200 and s.json()["state"] == "suspended", s.text
+    assert c.status_code == 200 or assert_problem(c, 409, "org_suspended"), c.text
+
+
+async def _after(event: asyncio.Event, api: Api, request: tuple[str, str, helpers.TestUser, Any]) -> list[Response]:
+    await asyncio.wait_for(event.wait(), WAIT)
+    return await api.concurrently([request])
+
+
+async def _blocked_count(owner_url: str, holder_app: str, n: int) -> bool:
+    # The second waiter queues behind the first (pg_blocking_pids names it, not the holder): follow the chain.
+    async with await psycopg.AsyncConnection.connect(owner_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            """
+            WITH RECURSIVE chain(pid) AS (
+              SELECT pid FROM pg_stat_activity WHERE application_name = %s AND datname = current_database()
+              UNION
+              SELECT a.pid FROM pg_stat_activity a, chain c WHERE c.pid = ANY (pg_blocking_pids(a.pid))
+            )
+            SELECT count(*) FROM pg_stat_activity a JOIN chain c USING (pid) WHERE a.application_name = %s
+            """,
+            (holder_app, API_APP),
+        )
+        row = await cur.fetchone()
+        return row is not None and row[0] >= n

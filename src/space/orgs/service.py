@@ -33,12 +33,15 @@ MANAGERS = frozenset({Role.owner, Role.admin})
 
 
 async def lock_org(session: AsyncSession, org_id: uuid.UUID) -> Organization:
-    """Take the org lock (its row, FOR UPDATE): membership changes, lifecycle and export publish order on it."""
+    """Take the org lock (its row, FOR NO KEY UPDATE): member changes, lifecycle and export publishes order on it."""
+    # NO KEY UPDATE conflicts with itself (and with UPDATEs of the row), so everything that takes this lock is
+    # ordered, but not with the FOR KEY SHARE that foreign-key checks take: inserts that reference the org
+    # (tickets, exports, members) don't wait behind a role change or a publish.
     org = (
         await session.execute(
             select(Organization)
             .where(Organization.id == org_id)
-            .with_for_update()
+            .with_for_update(key_share=True)
             .execution_options(populate_existing=True)
         )
     ).scalar_one_or_none()
