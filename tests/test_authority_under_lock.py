@@ -22,7 +22,7 @@ from httpx import Response
 from space.db import Database, Tenant, UnitOfWork, app_url
 from space.orgs.service import lock_org
 from tests import helpers
-from tests.exports_fixtures import WAIT, background, blocked_by, wait_for
+from tests.exports_fixtures import WAIT, add_tickets, background, blocked_by, wait_for
 from tests.helpers import Api, Org, assert_problem
 
 API_APP = "space-api"
@@ -294,3 +294,69 @@ async def _blocked_count(owner_url: str, holder_app: str, n: int) -> bool:
         )
         row = await cur.fetchone()
         return row is not None and row[0] >= n
+
+
+# --- assigning a ticket while its assignee is removed ----------------------------------------------------------
+
+
+async def _ticket(api: Api, org: Org, number: int) -> dict[str, Any]:
+    r = await api.call("GET", org.path("/tickets"), org.owner)
+    assert r.status_code == 200, r.text
+    return next(t for t in r.json()["items"] if t["number"] == number)
+
+
+async def test_assigning_to_a_member_being_removed_answers_400_once_the_removal_commits(
+    api: Api, db: Database, owner_url: str
+) -> None:
+    org = await api.org()
+    [number] = await add_tickets(db, org.id, org.customer, ["help"])
+    assignee = org.memberships["member"]
+    async with holder(owner_url) as h:
+        # The removal has run but not committed: the assignee check must wait for its outcome.
+        await h.execute("DELETE FROM memberships WHERE id = %s", (assignee,))
+        request = ("PATCH", org.path(f"/tickets/{number}"), org.owner, {"assigneeId": assignee})
+        async with background(api.concurrently([request])) as sent:
+            try:
+                await waiting_on(owner_url, API_APP, h.app)
+                await h.conn.commit()
+            finally:
+                await h.conn.rollback()
+            [answer] = await asyncio.wait_for(sent, WAIT)
+    body = assert_problem(answer, 400, "invalid_request")
+    assert "assigneeId" in body["detail"]
+    assert (await _ticket(api, org, number))["assigneeId"] is None
+    assert str(org.member.id) not in await roles(api, org)
+
+
+async def test_a_removal_waits_for_an_assignment_that_checked_the_assignee(
+    api: Api, db: Database, owner_url: str
+) -> None:
+    org = await api.org()
+    [number] = await add_tickets(db, org.id, org.customer, ["help"])
+    assignee = org.memberships["member"]
+    async with holder(owner_url) as ticket_lock, holder(owner_url) as remover:
+        # Pause the assignment after its assignee check, at the ticket UPDATE, by holding the ticket row.
+        await ticket_lock.execute(
+            "SELECT 1 FROM tickets WHERE org_id = %s AND number = %s FOR UPDATE", (org.id, number)
+        )
+        request = ("PATCH", org.path(f"/tickets/{number}"), org.owner, {"assigneeId": assignee})
+        async with background(api.concurrently([request])) as sent:
+            try:
+                await waiting_on(owner_url, API_APP, ticket_lock.app)
+                removal = remover.execute("DELETE FROM memberships WHERE id = %s", (assignee,))
+                async with background(removal) as removed:
+                    # The checked assignee stays until the assignment commits: the removal waits for it.
+                    await waiting_on(owner_url, remover.app, API_APP)
+                    assert not removed.done()
+                    await ticket_lock.conn.rollback()
+                    [answer] = await asyncio.wait_for(asyncio.shield(sent), WAIT)
+                    await asyncio.wait_for(removed, WAIT)
+                    await remover.conn.commit()
+            finally:
+                await ticket_lock.conn.rollback()
+                await remover.conn.rollback()
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["assigneeId"] == assignee
+    # The removal came after: its ON DELETE SET NULL unassigned the ticket.
+    assert (await _ticket(api, org, number))["assigneeId"] is None
+    assert str(org.member.id) not in await roles(api, org)

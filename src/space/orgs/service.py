@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -206,7 +205,17 @@ async def _ensure_not_last_owner(session: AsyncSession, org_id: uuid.UUID) -> No
         raise LastOwner("The last owner can't be removed or demoted.")
 
 
-async def member_roles(session: AsyncSession, org_id: uuid.UUID) -> Sequence[tuple[uuid.UUID, str]]:
-    """(membership id, role) of every member; used to validate assignees."""
-    rows = await session.execute(select(Membership.id, Membership.role).where(Membership.org_id == org_id))
-    return [(r.id, r.role) for r in rows]
+async def key_shared_membership(
+    session: AsyncSession, org_id: uuid.UUID, membership_id: uuid.UUID
+) -> Membership | None:
+    """The membership, locked FOR KEY SHARE until commit (None when it is gone): it can't be removed meanwhile."""
+    # A row about to reference it (a ticket's assignee) stays valid: a removal that started first is waited
+    # for and then seen as gone, one that starts later waits for this transaction. Role changes don't wait.
+    return (
+        await session.execute(
+            select(Membership)
+            .where(Membership.id == membership_id, Membership.org_id == org_id)
+            .with_for_update(read=True, key_share=True)
+            .execution_options(populate_existing=True)
+        )
+    ).scalar_one_or_none()
