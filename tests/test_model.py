@@ -117,7 +117,6 @@ class SpaceModel(RuleBasedStateMachine):
         self.exports: dict[str, ExportModel] = {}
         self.state = "active"
         self.previous = "active"
-        self.final_snapshot = False
         self.org_id = ""
         self.name = f"Model {self.tag}"
         self.seq = 0
@@ -275,7 +274,7 @@ class SpaceModel(RuleBasedStateMachine):
         else:
             skip = action == "skip_final_export"
             r = self.call("POST", "/deletion", "owner", json={"confirm": self.name, "skipFinalExport": skip})
-            if self.state != "deleting" and not skip and not self.final_snapshot:
+            if self.state != "deleting" and not skip and not self.final_snapshot():
                 return self.expect(r, 409, "final_export_recommended")
             allowed, target = self.state != "deleting", "deleting"
         if not allowed:
@@ -284,6 +283,13 @@ class SpaceModel(RuleBasedStateMachine):
         if target == "deleting":
             self.previous = self.state
         self.state = target
+
+    def final_snapshot(self) -> bool:
+        """The owner has a snapshot they can still download (SPEC §13): completed, not deleted, not expired."""
+        return any(
+            m.kind == "snapshot" and m.creator == "owner" and m.state == "completed" and not (m.deleted or m.expired)
+            for m in self.exports.values()
+        )
 
     # -- exports -----------------------------------------------------------------------------------------
 
@@ -330,8 +336,6 @@ class SpaceModel(RuleBasedStateMachine):
         assert outcome == expected, (outcome, expected, export, role, self.state)
         if outcome == "completed":
             export.state, export.expected = "completed", frozenset(self.visible_rows(export))
-            if export.kind == "snapshot" and export.creator == "owner":
-                self.final_snapshot = True
         else:
             export.state, export.error = "failed", outcome
 

@@ -120,9 +120,11 @@ async def insert_export(
         await uow.session.execute(
             text(
                 "INSERT INTO export_jobs (id, org_id, creator_id, kind, state, scope, execution_id,"
-                " created_at, completed_at, progress)"
+                " created_at, completed_at, progress, expires_at)"
                 " VALUES (:id, :org, :creator, :kind, :state, 'team', :exec, now() - :ago, now() - :ago,"
-                " CASE WHEN :state = 'completed' THEN 100 ELSE 0 END)"
+                " CASE WHEN :state = 'completed' THEN 100 ELSE 0 END,"
+                # A completed result can be downloaded for the default TTL after its completion, as published.
+                " CASE WHEN :state = 'completed' THEN now() - :ago + interval '24 hours' END)"
             ),
             {
                 "id": export_id,

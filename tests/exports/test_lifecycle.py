@@ -118,7 +118,9 @@ async def _deletion_in(
                     locked.set()
                 await asyncio.wait_for(gate.wait(), WAIT)
 
-            return await change_state(uow.session, oid, Action.request_deletion, grace_seconds=60, precondition=hold)
+            return await change_state(
+                uow.session, oid, Action.request_deletion, actor_id=org.owner.id, grace_seconds=60, precondition=hold
+            )
         row = await uow.session.get_one(Organization, oid)
         return await lifecycle.request_deletion(uow.session, row, org.owner.id, DeletionRequest(confirm="Acme"), 60)
 

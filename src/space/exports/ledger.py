@@ -140,7 +140,9 @@ def hide(job: ExportJob, now: dt.datetime) -> None:
 async def has_recent_final_export(
     session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, window: dt.timedelta
 ) -> bool:
-    """Whether the user completed a final-export kind in this org within `window` (database clock)."""
+    """Whether the user completed a final-export kind in this org within `window` that is still downloadable."""
+    # A final export is one the owner can still take away: a deleted, purged or expired result is not one,
+    # whenever it was taken (SPEC §13). Database clock throughout.
     recent: Any = exists().where(
         and_(
             ExportJob.org_id == org_id,
@@ -148,6 +150,9 @@ async def has_recent_final_export(
             ExportJob.kind.in_(FINAL_EXPORT_KINDS),
             ExportJob.state == ExportState.completed.value,
             ExportJob.completed_at >= func.now() - window,
+            ExportJob.deleted_at.is_(None),
+            ExportJob.purged_at.is_(None),
+            ExportJob.expires_at > func.now(),
         )
     )
     return bool(await session.scalar(select(recent)))

@@ -194,7 +194,7 @@ async def delete_export(
 async def has_recent_final_export(
     session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, window: dt.timedelta
 ) -> bool:
-    """Whether the user completed a snapshot in this org within `window` (the deletion request's rule)."""
+    """Whether the user has a still downloadable snapshot here, completed within `window` (the deletion rule)."""
     return await ledger.has_recent_final_export(session, org_id, user_id, window)
 
 

@@ -175,7 +175,7 @@ async def _finish(db: Database, org_id: uuid.UUID, tables: tuple[str, ...]) -> P
         if org.purged_counts is None:
             org.purged_counts = {t: 0 for t in tables}
             await session.flush()
-        org = await change_state(session, org_id, Action.purge)
+        org = await change_state(session, org_id, Action.purge, actor_id=None)
         counts = {k: int(v) for k, v in (org.purged_counts or {}).items()}
     log.info("purged org %s: %s", org_id, counts)
     return PurgeResult(org_id, counts)

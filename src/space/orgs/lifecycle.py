@@ -14,12 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.errors import FinalExportRecommended, InvalidRequest, InvalidTransition
 from space.exports import service as exports
-from space.orgs.models import Organization, OrgState
+from space.orgs.models import Organization, OrgState, Role
 from space.orgs.schemas import DeletionRequest, Org
-from space.orgs.service import lock_org, org_out
+from space.orgs.service import authority, lock_org, org_out
 
 FINAL_EXPORT_WINDOW = dt.timedelta(hours=24)
 """How recent an owner's completed snapshot must be for a deletion request without skipFinalExport."""
+OWNERS = frozenset({Role.owner})
 
 
 class Action(enum.StrEnum):
@@ -34,10 +35,11 @@ class Action(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Transition:
-    """From which states an action is allowed, and the state it leads to (None: the state before deletion)."""
+    """Where an action may start, where it leads (None: the state before deletion), who may ask (None: the purge)."""
 
     sources: frozenset[OrgState]
     target: OrgState | None
+    roles: frozenset[Role] | None = OWNERS
 
 
 TRANSITIONS: Mapping[Action, Transition] = MappingProxyType(
@@ -46,7 +48,7 @@ TRANSITIONS: Mapping[Action, Transition] = MappingProxyType(
         Action.reactivate: Transition(frozenset({OrgState.suspended}), OrgState.active),
         Action.request_deletion: Transition(frozenset({OrgState.active, OrgState.suspended}), OrgState.deleting),
         Action.cancel_deletion: Transition(frozenset({OrgState.deleting}), None),
-        Action.purge: Transition(frozenset({OrgState.deleting}), OrgState.deleted),
+        Action.purge: Transition(frozenset({OrgState.deleting}), OrgState.deleted, roles=None),
     }
 )
 """The whole state machine (SPEC §3). Anything not listed here is 409 `invalid_transition`."""
@@ -59,14 +61,24 @@ async def change_state(
     org_id: uuid.UUID,
     action: Action,
     *,
+    actor_id: uuid.UUID | None,
     grace_seconds: int = 0,
     precondition: Precondition | None = None,
 ) -> Organization:
-    """Lock the org, check `action` against TRANSITIONS (and `precondition`), then move it; flushes."""
+    """Lock the org, check the actor, `action` against TRANSITIONS (and `precondition`), then move it; flushes.
+
+    `actor_id` is the user asking; their role is read under the lock and decides (404 when they are no
+    longer a member, 403 below the transition's roles). None only for the system's own transitions.
+    """
+    transition = TRANSITIONS[action]
+    if (actor_id is None) != (transition.roles is None):
+        raise ValueError(f"{action.value}: {'needs' if transition.roles else 'takes no'} actor")
     org = await lock_org(session, org_id)
+    if actor_id is not None and transition.roles is not None:
+        # The route's role guard ran before the lock; a removal or demotion may have committed meanwhile.
+        await authority(session, org_id, actor_id, transition.roles)
     now: dt.datetime = (await session.execute(select(func.now()))).scalar_one()
     state = OrgState(org.state)
-    transition = TRANSITIONS[action]
     if state not in transition.sources:
         raise InvalidTransition(f"Can't {action.value.replace('_', ' ')} an organization that is {state.value}.")
     if action is Action.cancel_deletion and not _cancellable(org, now):
@@ -108,14 +120,14 @@ def _cancellable(org: Organization, now: dt.datetime) -> bool:
     return org.purged_counts is None and (org.delete_after is None or now < org.delete_after)
 
 
-async def suspend(session: AsyncSession, org_id: uuid.UUID) -> Org:
-    """active -> suspended."""
-    return org_out(await change_state(session, org_id, Action.suspend))
+async def suspend(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID) -> Org:
+    """active -> suspended, asked by `actor_id` (an owner under the lock)."""
+    return org_out(await change_state(session, org_id, Action.suspend, actor_id=actor_id))
 
 
-async def reactivate(session: AsyncSession, org_id: uuid.UUID) -> Org:
-    """suspended -> active."""
-    return org_out(await change_state(session, org_id, Action.reactivate))
+async def reactivate(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID) -> Org:
+    """suspended -> active, asked by `actor_id` (an owner under the lock)."""
+    return org_out(await change_state(session, org_id, Action.reactivate, actor_id=actor_id))
 
 
 async def request_deletion(
@@ -135,11 +147,16 @@ async def request_deletion(
             )
 
     locked = await change_state(
-        session, org.id, Action.request_deletion, grace_seconds=grace_seconds, precondition=final_export_taken
+        session,
+        org.id,
+        Action.request_deletion,
+        actor_id=owner_id,
+        grace_seconds=grace_seconds,
+        precondition=final_export_taken,
     )
     return org_out(locked)
 
 
-async def cancel_deletion(session: AsyncSession, org_id: uuid.UUID) -> Org:
-    """deleting -> the state before the request, during the grace period."""
-    return org_out(await change_state(session, org_id, Action.cancel_deletion))
+async def cancel_deletion(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID) -> Org:
+    """deleting -> the state before the request, during the grace period, asked by `actor_id` (an owner)."""
+    return org_out(await change_state(session, org_id, Action.cancel_deletion, actor_id=actor_id))

@@ -38,7 +38,7 @@ class Role(enum.StrEnum):
 
 
 class Organization(Base):
-    """A tenant. Its row doubles as the org lock (SELECT ... FOR UPDATE)."""
+    """A tenant. Its row doubles as the org lock (SELECT ... FOR NO KEY UPDATE, `orgs.service.lock_org`)."""
 
     __tablename__ = "organizations"
     id: Mapped[uuid.UUID] = uuid_pk()

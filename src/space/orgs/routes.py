@@ -88,12 +88,12 @@ class LifecycleController(Controller):
     @post("/suspend", status_code=200)
     async def suspend(self, ctx: NamedDependency[MemberContext]) -> Org:
         """active -> suspended."""
-        return await lifecycle.suspend(ctx.uow.session, ctx.org.id)
+        return await lifecycle.suspend(ctx.uow.session, ctx.org.id, ctx.principal.user_id)
 
     @post("/reactivate", status_code=200)
     async def reactivate(self, ctx: NamedDependency[MemberContext]) -> Org:
         """suspended -> active."""
-        return await lifecycle.reactivate(ctx.uow.session, ctx.org.id)
+        return await lifecycle.reactivate(ctx.uow.session, ctx.org.id, ctx.principal.user_id)
 
     @post("/deletion", status_code=202)
     async def request_deletion(
@@ -108,7 +108,7 @@ class LifecycleController(Controller):
     @delete("/deletion", status_code=200)
     async def cancel_deletion(self, ctx: NamedDependency[MemberContext]) -> Org:
         """Back to the state before the deletion request."""
-        return await lifecycle.cancel_deletion(ctx.uow.session, ctx.org.id)
+        return await lifecycle.cancel_deletion(ctx.uow.session, ctx.org.id, ctx.principal.user_id)
 
 
 router = Router(path="/", route_handlers=[OrgController, MemberController, LifecycleController])

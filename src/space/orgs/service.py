@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -28,13 +27,20 @@ def org_out(org: Organization) -> Org:
     )
 
 
+MANAGERS = frozenset({Role.owner, Role.admin})
+"""Who adds members, changes roles and removes members (only owners touch owners)."""
+
+
 async def lock_org(session: AsyncSession, org_id: uuid.UUID) -> Organization:
-    """Take the org lock (its row, FOR UPDATE): membership changes, lifecycle and export publish order on it."""
+    """Take the org lock (its row, FOR NO KEY UPDATE): member changes, lifecycle and export publishes order on it."""
+    # NO KEY UPDATE conflicts with itself (and with UPDATEs of the row), so everything that takes this lock is
+    # ordered, but not with the FOR KEY SHARE that foreign-key checks take: inserts that reference the org
+    # (tickets, exports, members) don't wait behind a role change or a publish.
     org = (
         await session.execute(
             select(Organization)
             .where(Organization.id == org_id)
-            .with_for_update()
+            .with_for_update(key_share=True)
             .execution_options(populate_existing=True)
         )
     ).scalar_one_or_none()
@@ -83,10 +89,32 @@ async def list_members(session: AsyncSession, org_id: uuid.UUID) -> list[Member]
     return [_member_out(m, u) for m, u in rows.all()]
 
 
+async def authority(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, roles: frozenset[Role]) -> Membership:
+    """The caller's membership as it is now (read under the org lock): 404 when gone, 403 below `roles`."""
+    # A caller removed while their request waited for the lock is no longer a member: answered like any
+    # non-member. One demoted meanwhile is answered as the role guard would have answered them.
+    membership = await membership_of(session, org_id, user_id)
+    if membership is None:
+        raise NotFound()
+    if Role(membership.role) not in roles:
+        raise Forbidden(f"This action needs one of the roles: {', '.join(sorted(r.value for r in roles))}.")
+    return membership
+
+
+async def _lock_as_manager(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID) -> Role:
+    # The org's state and the actor's role were read before the lock; either may have changed while this
+    # request waited for it (the reason the lock exists), so both are decided again here.
+    org = await lock_org(session, org_id)
+    if org.state == OrgState.deleted:
+        raise NotFound()
+    actor = await authority(session, org_id, actor_id, MANAGERS)
+    ensure_writable(org)
+    return Role(actor.role)
+
+
 async def add_member(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, data: MemberCreate) -> Member:
-    """Add an existing user by email, as `actor_id`; only owners may add owners."""
-    _ensure_may_grant(await _actor_role(session, org_id, actor_id), data.role)
-    await lock_org(session, org_id)
+    """Add an existing user by email, as `actor_id` (an owner or admin under the lock); only owners add owners."""
+    _ensure_may_grant(await _lock_as_manager(session, org_id, actor_id), data.role)
     user = await user_by_email(session, data.email)
     if await membership_of(session, org_id, user.id) is not None:
         raise AlreadyMember(f"{user.email} is already a member.")
@@ -100,9 +128,8 @@ async def add_member(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UU
 async def change_role(
     session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, user_id: uuid.UUID, role: Role
 ) -> Member:
-    """Change a member's role under the org lock (ordered against export publishes)."""
-    actor_role = await _actor_role(session, org_id, actor_id)
-    await lock_org(session, org_id)
+    """Change a member's role under the org lock (ordered against export publishes), as `actor_id` then."""
+    actor_role = await _lock_as_manager(session, org_id, actor_id)
     m = await _target(session, org_id, actor_role, user_id)
     _ensure_may_grant(actor_role, role)
     if m.role == Role.owner and role is not Role.owner:
@@ -114,9 +141,8 @@ async def change_role(
 
 
 async def remove_member(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, user_id: uuid.UUID) -> None:
-    """Remove a member under the org lock; the last owner stays."""
-    actor_role = await _actor_role(session, org_id, actor_id)
-    await lock_org(session, org_id)
+    """Remove a member under the org lock, as `actor_id` then; the last owner stays."""
+    actor_role = await _lock_as_manager(session, org_id, actor_id)
     m = await _target(session, org_id, actor_role, user_id)
     if m.role == Role.owner:
         await _ensure_not_last_owner(session, org_id)
@@ -155,13 +181,6 @@ def ensure_writable(org: Organization) -> None:
         raise OrgDeleting("The organization is being deleted.")
 
 
-async def _actor_role(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID) -> Role:
-    actor = await membership_of(session, org_id, actor_id)
-    if actor is None:
-        raise NotFound()
-    return Role(actor.role)
-
-
 async def _target(session: AsyncSession, org_id: uuid.UUID, actor_role: Role, user_id: uuid.UUID) -> Membership:
     m = await membership_of(session, org_id, user_id)
     if m is None:
@@ -186,7 +205,17 @@ async def _ensure_not_last_owner(session: AsyncSession, org_id: uuid.UUID) -> No
         raise LastOwner("The last owner can't be removed or demoted.")
 
 
-async def member_roles(session: AsyncSession, org_id: uuid.UUID) -> Sequence[tuple[uuid.UUID, str]]:
-    """(membership id, role) of every member; used to validate assignees."""
-    rows = await session.execute(select(Membership.id, Membership.role).where(Membership.org_id == org_id))
-    return [(r.id, r.role) for r in rows]
+async def key_shared_membership(
+    session: AsyncSession, org_id: uuid.UUID, membership_id: uuid.UUID
+) -> Membership | None:
+    """The membership, locked FOR KEY SHARE until commit (None when it is gone): it can't be removed meanwhile."""
+    # A row about to reference it (a ticket's assignee) stays valid: a removal that started first is waited
+    # for and then seen as gone, one that starts later waits for this transaction. Role changes don't wait.
+    return (
+        await session.execute(
+            select(Membership)
+            .where(Membership.id == membership_id, Membership.org_id == org_id)
+            .with_for_update(read=True, key_share=True)
+            .execution_options(populate_existing=True)
+        )
+    ).scalar_one_or_none()

@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.errors import InvalidRequest, NotFound
 from space.orgs.models import Membership, Role
-from space.orgs.service import member_roles
+from space.orgs.service import key_shared_membership
 from space.tickets import models
 from space.tickets.filters import Priority, TicketFilters, TicketStatus, ticket_conditions
 from space.tickets.schemas import Ticket, TicketCreate, TicketPage, TicketUpdate
@@ -114,9 +114,10 @@ async def update_ticket(session: AsyncSession, org_id: uuid.UUID, number: int, d
 
 
 async def _ensure_assignable(session: AsyncSession, org_id: uuid.UUID, membership_id: uuid.UUID) -> None:
-    roles = dict(await member_roles(session, org_id))
-    role = roles.get(membership_id)
-    if role is None:
+    # Locked until commit: a removal racing this assignment either finished first (400 here) or waits, so the
+    # UPDATE never meets a vanished assignee (a foreign-key violation, once a 500).
+    assignee = await key_shared_membership(session, org_id, membership_id)
+    if assignee is None:
         raise InvalidRequest("assigneeId: not a membership id of this organization.")
-    if role == Role.customer:
+    if assignee.role == Role.customer:
         raise InvalidRequest("assigneeId: tickets are assigned to staff, not customers.")
