@@ -24,21 +24,31 @@ from space.db.migrate import upgrade
 
 
 @contextlib.contextmanager
-def fresh_database(server_url: str, prefix: str, *, migrate: bool = True) -> Iterator[str]:
+def fresh_database(
+    server_url: str, prefix: str, *, migrate: bool = True, revision: str = "head", owner: str | None = None
+) -> Iterator[str]:
     """A new database `<prefix>_<random>` on the server of `server_url` (a URL of any database there, used to
-    connect), migrated to head unless `migrate` is false; dropped WITH (FORCE) on exit. Yields its owner URL.
+    connect), migrated to `revision` unless `migrate` is false; dropped WITH (FORCE) on exit. Yields its owner
+    URL: the server URL's user, or `owner` (an existing role without password that then owns the database and
+    runs the migrations).
 
-    The one way the tests make a database: the session's test database, the fault tests' second one and the
-    migrations round trip's empty one.
+    The one way the tests make a database: the session's test database, the fault tests' second one, the
+    migrations round trip's empty one, the backup's restore target, the ordinary owner's and the search's.
     """
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if owner is not None:
+            create = sql.SQL("{} OWNER {}").format(create, sql.Identifier(owner))
+        conn.execute(create)
     try:
-        url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+        url = make_url(server_url).set(database=name)
+        if owner is not None:
+            url = url.set(username=owner, password=None)
+        url_text = url.render_as_string(hide_password=False)
         if migrate:
-            upgrade(url)
-        yield url
+            upgrade(url_text, revision)
+        yield url_text
     finally:
         with psycopg.connect(server_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

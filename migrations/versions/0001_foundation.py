@@ -38,8 +38,26 @@ BEGIN
   END IF;
   EXECUTE format('GRANT CONNECT ON DATABASE %I TO space_app, space_queue', current_database());
 END $$;
-ALTER ROLE space_queue SET search_path = saq;
-CREATE SCHEMA IF NOT EXISTS saq AUTHORIZATION space_queue;
+-- Roles are cluster-wide: whoever created space_queue already gave it its search_path (and on PostgreSQL 16+ an
+-- ordinary owner may alter only the roles it created).
+DO $$
+BEGIN
+  IF NOT EXISTS (
+    SELECT FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole
+    WHERE r.rolname = 'space_queue' AND s.setdatabase = 0 AND 'search_path=saq' = ANY (s.setconfig)
+  ) THEN
+    ALTER ROLE space_queue SET search_path = saq;
+  END IF;
+END $$;
+-- Giving a schema to another role takes membership in it, which an ordinary owner (managed PostgreSQL: CREATEDB,
+-- CREATEROLE, no superuser) lacks. It then keeps the schema and lets the queue role create its tables there.
+DO $$
+BEGIN
+  CREATE SCHEMA IF NOT EXISTS saq AUTHORIZATION space_queue;
+EXCEPTION WHEN insufficient_privilege THEN
+  CREATE SCHEMA IF NOT EXISTS saq;
+  GRANT USAGE, CREATE ON SCHEMA saq TO space_queue;
+END $$;
 GRANT USAGE ON SCHEMA public TO space_app;
 """
 

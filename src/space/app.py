@@ -13,7 +13,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from space.auth.deps import DEPENDENCIES
 from space.auth.middleware import AUTHENTICATION
 from space.config import Settings
-from space.db import Database, app_url
+from space.db import Database, app_url, check_app_role
 from space.errors import EXCEPTION_HANDLERS
 from space.exports.queue import make_queue
 from space.exports.routes import ExportController
@@ -39,6 +39,8 @@ def create_app(settings: Settings) -> Litestar:
         app.state.settings = settings
         app.state.queue = queue
         try:
+            # SPEC §14: a role that could see past RLS stops start-up (AppRoleError) before any request.
+            await check_app_role(db.engine)
             await queue.connect()
             yield
         finally:

@@ -45,6 +45,19 @@ def _migrate(settings: Settings) -> None:
     upgrade(settings.database_url)
 
 
+def _check_app_role(settings: Settings) -> None:
+    """Stop with the start-up check's message when the app role could see past RLS (SPEC §14)."""
+    from space.db import AppRoleError, check_app_role
+
+    async def go(db: Any) -> None:
+        await check_app_role(db.engine)
+
+    try:
+        _with_db(settings, go)
+    except AppRoleError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def _with_db(settings: Settings, fn: Callable[[Any], Awaitable[T]]) -> T:
     """Run `fn(db)` with the app role's engine, then dispose of it."""
     from space.db import Database, app_url
@@ -83,6 +96,7 @@ def up() -> None:
     settings = _settings()
     with database(settings) as (s, embedded):
         _migrate(s)
+        _check_app_role(s)
         hint = _local_token(s) if embedded else None
         base = f"http://{s.host}:{s.port}"
         click.echo(f"Space is running at {base}  (API docs: {base}/schema/openapi.json)")
@@ -98,6 +112,7 @@ def api() -> None:
     """Serve the API only (production: run workers separately with `space worker`)."""
     settings = _settings()
     with database(settings) as (s, _):
+        _check_app_role(s)
         asyncio.run(_serve(s, with_worker=False))
 
 
@@ -108,6 +123,7 @@ def worker() -> None:
 
     settings = _settings()
     with database(settings) as (s, _), contextlib.suppress(KeyboardInterrupt):
+        _check_app_role(s)
         asyncio.run(run_worker(s))
 
 

@@ -19,7 +19,7 @@ from saq import CronJob, Worker
 from saq.types import PartialTimersDict
 
 from space.config import Settings
-from space.db import Database, app_url
+from space.db import Database, app_url, check_app_role
 from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_export_job
 from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT, make_queue
@@ -55,6 +55,8 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
     db = Database(app_url(settings.database_url, settings.app_database_url), application_name=application_name)
 
     async def startup(ctx: Any) -> None:
+        # Before any job: a role that could see past RLS stops the worker (AppRoleError, out of Worker.start).
+        await check_app_role(db.engine)
         ctx["settings"] = settings
         ctx["db"] = db
         ctx["store"] = PgResultStore(db.sessionmaker)

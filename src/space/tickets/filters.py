@@ -66,6 +66,11 @@ def _like_escape(q: str) -> str:
     return q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+def like_pattern(q: str) -> str:
+    """The ILIKE pattern (backslash escapes) that finds `q` anywhere in a text."""
+    return f"%{_like_escape(q)}%"
+
+
 def ticket_conditions(filters: TicketFilters, membership_id: uuid.UUID | None) -> list[ColumnElement[bool]]:
     """WHERE conditions for `filters`. `membership_id` is the caller's (for assignment=mine).
 
@@ -82,6 +87,6 @@ def ticket_conditions(filters: TicketFilters, membership_id: uuid.UUID | None) -
     elif filters.assignment is Assignment.unassigned:
         conds.append(Ticket.assignee_id.is_(None))
     if filters.q:
-        pattern = f"%{_like_escape(filters.q)}%"
+        pattern = like_pattern(filters.q)
         conds.append(or_(Ticket.title.ilike(pattern, escape="\\"), Ticket.body.ilike(pattern, escape="\\")))
     return conds

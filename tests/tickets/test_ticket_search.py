@@ -1,0 +1,175 @@
+"""Ticket search `q` (SPEC §14): served by an index, so it answers within the API's statement timeout on an org of
+1,000,000 tickets, and always returns exactly the tickets whose title or body contains `q`."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from litestar.testing import AsyncTestClient
+from psycopg import sql
+from sqlalchemy import make_url, text
+
+from space.app import create_app
+from space.config import load_settings
+from space.db import APP_ROLE, Database, Tenant, UnitOfWork
+from space.db.migrate import upgrade
+from space.demo import seed_org
+from space.tickets.service import SEARCH_MAX_IDS
+from tests.exports.fixtures import add_tickets, wait_for
+from tests.helpers import Api, Org, app_database, fresh_database
+from tests.helpers import TestUser as Person  # not collected as a test class, app_database, fresh_database
+
+RARE = "Xylophonique"
+API_STATEMENT_TIMEOUT_MS = 5000
+"""SPEC §14's default for SPACE_API_STATEMENT_TIMEOUT_MS."""
+TRIGRAM_INDEXES = ("tickets_title_trgm_idx", "tickets_body_trgm_idx")
+
+
+async def _list(api: Api, org: Org | str, token_user: Any, q: str, **params: Any) -> dict[str, Any]:
+    path = org.path("/tickets") if isinstance(org, Org) else f"/orgs/{org}/tickets"
+    r = await api.call("GET", path, token_user, params={"q": q, **params})
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+# --- the search's rules, on the suite's database ----------------------------------------------------------------
+
+
+async def test_search_finds_title_or_body_case_insensitively_and_only_that(api: Api, db: Database) -> None:
+    org = await api.org()
+    hits = await add_tickets(db, org.id, org.member, [f"about {RARE.lower()} here", "plain"], body="")
+    hits += await add_tickets(db, org.id, org.member, ["plain title"], body=f"body says {RARE.upper()}!")
+    await add_tickets(db, org.id, org.member, ["Xylophon ique", "nothing"], body="Xylophoniqu")
+    # LIKE's own characters are literal in q.
+    percent = await add_tickets(db, org.id, org.member, ["100%_done"])
+    await add_tickets(db, org.id, org.member, ["1000 done"])
+    page = await _list(api, org, org.member, RARE)
+    assert [t["number"] for t in page["items"]] == [hits[0], hits[2]] and page["total"] == 2
+    page = await _list(api, org, org.member, "0%_d")
+    assert [t["number"] for t in page["items"]] == percent and page["total"] == 1
+
+
+async def test_search_for_customers_stays_their_own(api: Api, db: Database) -> None:
+    org = await api.org()
+    mine = await add_tickets(db, org.id, org.customer, [f"{RARE} one", f"{RARE} two"])
+    theirs = await add_tickets(db, org.id, org.customer2, [f"{RARE} three"])
+    staff = await add_tickets(db, org.id, org.member, [f"{RARE} four"])
+    assert [t["number"] for t in (await _list(api, org, org.customer, RARE))["items"]] == mine
+    assert [t["number"] for t in (await _list(api, org, org.customer2, RARE))["items"]] == theirs
+    assert (await _list(api, org, org.admin, RARE))["total"] == len(mine + theirs + staff)
+
+
+async def test_search_function_lists_only_the_callers_context(api: Api, db: Database) -> None:
+    org, other = await api.org(), await api.org()
+    await add_tickets(db, org.id, org.member, [f"{RARE} a", f"{RARE} b", f"{RARE} c"])
+    await add_tickets(db, other.id, other.member, [f"{RARE} elsewhere"])
+    pattern = f"%{RARE}%"
+
+    async def search(tenant: Tenant, cap: int) -> Any:
+        async with UnitOfWork(db.sessionmaker, tenant) as uow:
+            return await uow.session.scalar(text("SELECT space_ticket_search(:p, :n)"), {"p": pattern, "n": cap})
+
+    assert len(await search(Tenant(org_id=uuid.UUID(org.id)), 3)) == 3
+    assert await search(Tenant(org_id=uuid.UUID(org.id)), 2) is None  # more than the cap: not selective
+    assert await search(Tenant(), 10) == []  # no tenant context, nothing
+    assert len(await search(Tenant(org_id=uuid.UUID(other.id)), 10)) == 1
+    customer = Tenant(org_id=uuid.UUID(org.id), user_id=org.customer.id, customer_id=org.customer.id)
+    assert await search(customer, 10) == []
+
+
+async def test_an_unselective_search_is_still_exact(api: Api, db: Database) -> None:
+    # More matches than the list reads by id: it walks the org in number order instead, with the same answer.
+    org = await api.org()
+    n = SEARCH_MAX_IDS + 5
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=uuid.UUID(org.id))) as uow:
+        await uow.session.execute(
+            text(
+                "WITH c AS (UPDATE ticket_counters SET last_number = last_number + :n WHERE org_id = :org"
+                " RETURNING last_number - :n AS start)"
+                " INSERT INTO tickets (id, org_id, number, title, creator_id)"
+                " SELECT gen_random_uuid(), :org, c.start + i, CASE WHEN i % 2 = 0 THEN 'common word' ELSE 'x' END"
+                " || ' #' || i, :creator FROM c, generate_series(1, CAST(:n AS int)) AS i"
+            ),
+            {"n": 2 * n, "org": uuid.UUID(org.id), "creator": org.member.id},
+        )
+    page = await _list(api, org, org.member, "COMMON", pageSize=5, page=3)
+    assert page["total"] == n
+    assert [t["number"] for t in page["items"]] == [22, 24, 26, 28, 30]
+
+
+# --- an org of 1,000,000 tickets --------------------------------------------------------------------------------
+
+
+def _index_scans(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(idx_scan), 0) FROM pg_stat_user_indexes WHERE indexrelname = ANY(%s)",
+            (list(TRIGRAM_INDEXES),),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_search_in_a_million_tickets_is_served_by_the_index(owner_url: str) -> None:
+    # Seeded before 0005, then migrated: the indexes are built in bulk, as on an existing deployment (and faster
+    # than a million incremental GIN inserts).
+    with fresh_database(owner_url, "space_search", revision="0004") as url:
+        async with app_database(url, "space-tests-search-seed") as db:
+            people = await seed_org(db, "Big", tickets=1_000_000, tasks=0)
+            member = next(p for p in people if p.role == "member")
+            async with UnitOfWork(db.sessionmaker) as uow:
+                creator = await uow.session.scalar(text("SELECT id FROM users WHERE email = :e"), {"e": member.email})
+            # A user reads their own memberships through app.user_id.
+            async with UnitOfWork(db.sessionmaker, Tenant(user_id=creator)) as uow:
+                org_id = await uow.session.scalar(
+                    text("SELECT org_id FROM memberships WHERE user_id = :u"), {"u": creator}
+                )
+            assert org_id is not None and creator is not None
+            who = Person(creator, member.email, "", member.token)
+            # A few matches among a million: in titles, in a body, in other cases.
+            hits = await add_tickets(db, org_id, who, [f"printer {RARE} jam", f"{RARE.upper()}!"])
+            hits += await add_tickets(db, org_id, who, ["plain"], body=f"see {RARE.lower()} log")
+            await add_tickets(db, org_id, who, ["Xylophoni que"], body="Xylophoniqu e")
+        upgrade(url)
+        with psycopg.connect(url) as conn:
+            present = conn.execute(
+                "SELECT count(*) FROM pg_indexes WHERE indexname = ANY(%s)", (list(TRIGRAM_INDEXES),)
+            )
+            if present.fetchone() != (2,):
+                pytest.skip("pg_trgm is not installed on this server: migration 0005 made no trigram index")
+        with psycopg.connect(url, autocommit=True) as conn:
+            # What SPEC §14 gives API queries; set for the app role's new connections in this database only.
+            conn.execute(
+                sql.SQL("ALTER ROLE {} IN DATABASE {} SET statement_timeout = {}").format(
+                    sql.Identifier(APP_ROLE),
+                    sql.Identifier(make_url(url).database or ""),
+                    sql.Literal(API_STATEMENT_TIMEOUT_MS),
+                )
+            )
+        scans = _index_scans(url)
+        settings = load_settings({}, database_url=url)
+        async with AsyncTestClient(app=create_app(settings)) as client:
+            r = await client.get(
+                f"/orgs/{org_id}/tickets",
+                params={"q": RARE.lower(), "pageSize": 100},
+                headers={"Authorization": f"Bearer {member.token}"},
+            )
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert [t["number"] for t in body["items"]] == hits and body["total"] == len(hits)
+            assert min(hits) > 1_000_000
+            app_db = client.app.state.db
+            async with app_db.engine.connect() as conn:
+                assert (await conn.scalar(text("SHOW statement_timeout"))) == "5s"
+
+            # The trigram index answered it (the API connection reports its statistics when it goes idle).
+            async def used() -> bool:
+                return _index_scans(url) > scans
+
+            await wait_for(used, "the trigram index's scan count to grow", within=30)
