@@ -68,7 +68,7 @@ def explain(exc: BaseException) -> str | None:
 
 
 def _psycopg_error(exc: BaseException) -> psycopg.Error | None:
-    # SQLAlchemy wraps the driver's error (DBAPIError.orig); psycopg's pool hides it behind PoolTimeout.
+    # SQLAlchemy wraps the driver's error (DBAPIError.orig); other wrappers chain it as a cause or context.
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
