@@ -40,7 +40,8 @@ def create_app(settings: Settings) -> Litestar:
         app.state.queue = queue
         try:
             # SPEC §14: a role that could see past RLS stops start-up (AppRoleError) before any request.
-            await check_app_role(db.engine)
+            async with db.engine.connect() as conn:
+                await check_app_role(conn)
             await queue.connect()
             yield
         finally:

@@ -1,10 +1,16 @@
-"""The `space` command: up, api, worker, migrate, users, tokens, orgs, demo."""
+"""The `space` command: up, api, worker, migrate, check, users, tokens, orgs, demo.
+
+A failure an operator can fix (see `space.failures`) ends the command with one line on stderr and exit
+code 1; `--debug` or SPACE_DEBUG=1 shows its traceback. Anything else is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -12,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from space.config import Settings, SettingsError, data_path, load_settings
+from space.failures import OperatorError, expect_database, explain, port_in_use
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -38,39 +45,38 @@ def database(settings: Settings) -> Iterator[tuple[Settings, bool]]:
         yield load_settings(database_url=url), True
 
 
-def _migrate(settings: Settings) -> None:
+def _migrate(settings: Settings, embedded: bool) -> None:
+    from space.check import owner_target
     from space.db.migrate import upgrade
 
-    assert settings.database_url
-    upgrade(settings.database_url)
+    target = owner_target(settings, embedded=embedded)
+    with expect_database(target.url, target.setting):
+        upgrade(target.url)
 
 
-def _check_app_role(settings: Settings) -> None:
-    """Stop with the start-up check's message when the app role could see past RLS (SPEC §14)."""
-    from space.db import AppRoleError, check_app_role
+def _ready_to_serve(settings: Settings) -> None:
+    """Fail as one line, before anything starts, when the app role, the schema or the queue isn't there."""
+    from space.check import ready_to_serve
 
-    async def go(db: Any) -> None:
-        await check_app_role(db.engine)
-
-    try:
-        _with_db(settings, go)
-    except AppRoleError as exc:
-        raise click.ClickException(str(exc)) from None
+    asyncio.run(ready_to_serve(settings))
 
 
 def _with_db(settings: Settings, fn: Callable[[Any], Awaitable[T]]) -> T:
     """Run `fn(db)` with the app role's engine, then dispose of it."""
-    from space.db import Database, app_url
+    from space.check import app_target
+    from space.db import Database
+
+    target = app_target(settings)
 
     async def main() -> T:
-        assert settings.database_url
-        db = Database(app_url(settings.database_url, settings.app_database_url), application_name="space-cli")
+        db = Database(target.url, application_name="space-cli")
         try:
             return await fn(db)
         finally:
             await db.dispose()
 
-    return asyncio.run(main())
+    with expect_database(target.url, target.setting, role_hint=target.role_hint):
+        return asyncio.run(main())
 
 
 def _in_transaction(fn: Callable[[AsyncSession], Awaitable[T]]) -> Callable[[Any], Awaitable[T]]:
@@ -85,8 +91,49 @@ def _in_transaction(fn: Callable[[AsyncSession], Awaitable[T]]) -> Callable[[Any
     return run
 
 
-@click.group()
-def main() -> None:
+def _debug(ctx: click.Context) -> bool:
+    return bool(ctx.params.get("debug")) or os.environ.get("SPACE_DEBUG", "").strip().lower() in ("1", "true")
+
+
+class _Space(click.Group):
+    """The `space` group: an expected failure ends as one line on stderr and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; turn an expected failure into a ClickException (one line) unless debugging."""
+        try:
+            return super().invoke(ctx)
+        except click.ClickException:
+            raise
+        except Exception as exc:
+            line = explain(exc)
+            if line is None or _debug(ctx):
+                raise
+            raise click.ClickException(line) from None
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import version
+
+    from space.db.migrate import scripts
+
+    head = ", ".join(scripts().get_heads())
+    click.echo(f"space {version('space')} (database schema {head})")
+    ctx.exit()
+
+
+@click.group(cls=_Space)
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Print the version and the schema revision it migrates to.",
+)
+@click.option("--debug", is_flag=True, help="Show the traceback of a failure (also SPACE_DEBUG=1).")
+def main(debug: bool) -> None:
     """Space: organization data exports. Settings come from the environment (see README)."""
 
 
@@ -94,26 +141,34 @@ def main() -> None:
 def up() -> None:
     """Start everything: database (embedded unless DATABASE_URL), migrations, API and an in-process worker."""
     settings = _settings()
-    with database(settings) as (s, embedded):
-        _migrate(s)
-        _check_app_role(s)
+    # The port first: if it is taken, nothing else has been started.
+    with _listen(settings) as sock, database(settings) as (s, embedded):
+        _migrate(s, embedded)
+        _ready_to_serve(s)
         hint = _local_token(s) if embedded else None
-        base = f"http://{s.host}:{s.port}"
-        click.echo(f"Space is running at {base}  (API docs: {base}/schema/openapi.json)")
-        click.echo(f"Try it:  curl -s {base}/health")
-        if hint:
-            click.echo(f'         curl -s -H "Authorization: Bearer {hint}" {base}/me')
-        click.echo("Demo data (two orgs, every role, tickets): .venv/bin/space demo   Stop: Ctrl+C")
-        asyncio.run(_serve(s, with_worker=True))
+
+        def banner() -> None:
+            base = _base_url(s, sock)
+            click.echo(f"Space is running at {base}  (API docs: {base}/schema/openapi.json)")
+            click.echo(f"Try it:  curl -s {base}/health")
+            if hint:
+                click.echo(f'         curl -s -H "Authorization: Bearer {hint}" {base}/me')
+            click.echo("Demo data (two orgs, every role, tickets): .venv/bin/space demo   Stop: Ctrl+C")
+
+        asyncio.run(_serve(s, sock, with_worker=True, on_ready=banner))
 
 
 @main.command()
 def api() -> None:
     """Serve the API only (production: run workers separately with `space worker`)."""
     settings = _settings()
-    with database(settings) as (s, _):
-        _check_app_role(s)
-        asyncio.run(_serve(s, with_worker=False))
+    with _listen(settings) as sock, database(settings) as (s, _):
+        _ready_to_serve(s)
+
+        def ready() -> None:
+            click.echo(f"Space API listening at {_base_url(s, sock)}")
+
+        asyncio.run(_serve(s, sock, with_worker=False, on_ready=ready))
 
 
 @main.command()
@@ -123,7 +178,7 @@ def worker() -> None:
 
     settings = _settings()
     with database(settings) as (s, _), contextlib.suppress(KeyboardInterrupt):
-        _check_app_role(s)
+        _ready_to_serve(s)
         asyncio.run(run_worker(s))
 
 
@@ -131,35 +186,135 @@ def worker() -> None:
 def migrate() -> None:
     """Apply database migrations (as the DATABASE_URL owner)."""
     settings = _settings()
-    with database(settings) as (s, _):
-        _migrate(s)
+    with database(settings) as (s, embedded):
+        _migrate(s, embedded)
     click.echo("migrated to head")
 
 
-async def _serve(settings: Settings, *, with_worker: bool) -> None:
+@main.command()
+def check() -> None:
+    """Report whether this deployment is set up right, one line per check; exit 0 only if all are ok.
+
+    Connects as the owner (DATABASE_URL) and as the app role, and writes nothing.
+    """
+    from space.check import run_checks
+
+    settings = _settings()
+    if not settings.database_url and not (data_path(settings) / "pgdata").is_dir():
+        raise OperatorError(
+            f"nothing to check: DATABASE_URL is unset and there is no embedded server in {data_path(settings)}"
+        )
+    with database(settings) as (s, embedded):
+        results = asyncio.run(run_checks(s, embedded=embedded))
+    failed = 0
+    for name, result in results:
+        status = click.style("ok  ", fg="green") if result.ok else click.style("FAIL", fg="red", bold=True)
+        line = f"{status}  {name}: {result.detail}"
+        if not result.ok:
+            failed += 1
+            line += f" -> {result.fix}" if result.fix else ""
+        click.echo(line)
+    click.echo(f"{len(results)} checks: " + (f"{failed} failed" if failed else "all ok"))
+    if failed:
+        sys.exit(1)
+
+
+def _listen(settings: Settings) -> socket.socket:
+    """The API's listening socket, bound now: a port in use fails before anything starts, and in one line."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    try:
+        return socket.create_server((settings.host, settings.port), family=family, backlog=2048)
+    except OSError as exc:
+        raise port_in_use(settings.host, settings.port, exc) from None
+
+
+def _base_url(settings: Settings, sock: socket.socket) -> str:
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return f"http://{host}:{sock.getsockname()[1]}"
+
+
+async def _serve(settings: Settings, sock: socket.socket, *, with_worker: bool, on_ready: Callable[[], None]) -> None:
+    """Serve the API on `sock` (and a worker beside it) until a signal; call `on_ready` once both are up.
+
+    If either fails, the other is stopped and the failure raised; the caller's contexts then stop the rest.
+    """
     import uvicorn
 
     from space.app import create_app
 
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="info")
-    server = uvicorn.Server(config)
-    # uvicorn handles SIGINT/SIGTERM for a graceful shutdown, then re-raises the signal to the handler that was
-    # there before. A no-op one lets us return normally, so the embedded server is stopped by its context.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-    tasks: list[asyncio.Task[None]] = []
-    if with_worker:
-        from space.worker import run_worker
+    class Server(uvicorn.Server):
+        """uvicorn's server, which tells when it listens (after the app's start-up), so the banner is true."""
 
-        tasks.append(asyncio.create_task(run_worker(settings), name="space-worker"))
+        def __init__(self, config: uvicorn.Config) -> None:
+            super().__init__(config)
+            self.listening = asyncio.Event()
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            try:
+                await super().startup(sockets)
+            except SystemExit:
+                # uvicorn exits the process when the app's start-up fails, having logged why.
+                raise OperatorError("the API did not start: its start-up failed (the log above says why)") from None
+            if self.started:
+                self.listening.set()
+
+    server = Server(uvicorn.Config(create_app(settings), log_level="info"))
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(*_: object) -> None:
+        # While serving, uvicorn owns SIGINT/SIGTERM; it hands them back here when it is done, so the process
+        # returns normally and the embedded server is stopped by its context. Before that, a signal stops the start.
+        server.should_exit = True
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(stopping.set)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    tasks: list[asyncio.Task[None]] = []
+    worker: asyncio.Task[None] | None = None
+    serving: asyncio.Task[None] | None = None
+    worker_quit = False
     try:
-        await server.serve()
+        up = True
+        if with_worker:
+            from space.worker import run_worker
+
+            started = asyncio.Event()
+            worker = asyncio.create_task(run_worker(settings, started=started), name="space-worker")
+            tasks.append(worker)
+            # The worker first: its queue connect creates SAQ's tables on a fresh database, and SAQ lets another
+            # connect running meanwhile (the API's) go on before they exist.
+            up = await _until(started, tasks, stopping)
+        if up:
+            serving = asyncio.create_task(server.serve(sockets=[sock]), name="space-api")
+            tasks.append(serving)
+            if await _until(server.listening, tasks, stopping):
+                on_ready()
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        # Whatever ended first (a signal stopped the server, or something failed), the rest stops too.
+        worker_quit = worker is not None and worker.done()
+        server.should_exit = True
+        if worker is not None:
+            worker.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for t in tasks:
+        if not t.cancelled() and (exc := t.exception()) is not None:
+            raise exc
+    if worker_quit and not stopping.is_set():
+        raise OperatorError("the worker stopped, so the API was stopped too (its log says why)")
+
+
+async def _until(event: asyncio.Event, watched: list[asyncio.Task[None]], stopping: asyncio.Event) -> bool:
+    """Wait until `event` is set (True), or until a watched task ends or a signal asks to stop (False)."""
+    waiters = [asyncio.create_task(event.wait()), asyncio.create_task(stopping.wait())]
+    try:
+        await asyncio.wait([*waiters, *watched], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+    return event.is_set() and not stopping.is_set()
 
 
 def _local_token(settings: Settings) -> str:
@@ -278,8 +433,8 @@ def demo(n_tickets: int, n_tasks: int) -> None:
 def _run_admin(fn: Callable[[Any], Awaitable[T]]) -> T:
     """Run an admin coroutine against the configured (or embedded) database, migrated first."""
     settings = _settings()
-    with database(settings) as (s, _):
-        _migrate(s)
+    with database(settings) as (s, embedded):
+        _migrate(s, embedded)
         try:
             return _with_db(s, fn)
         except Exception as exc:

@@ -56,7 +56,8 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
 
     async def startup(ctx: Any) -> None:
         # Before any job: a role that could see past RLS stops the worker (AppRoleError, out of Worker.start).
-        await check_app_role(db.engine)
+        async with db.engine.connect() as conn:
+            await check_app_role(conn)
         ctx["settings"] = settings
         ctx["db"] = db
         ctx["store"] = PgResultStore(db.sessionmaker)
@@ -92,9 +93,15 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
     return worker
 
 
-async def run_worker(settings: Settings) -> None:
-    """Run a worker until cancelled, or until SIGINT/SIGTERM when it is the process's only job."""
+async def run_worker(settings: Settings, *, started: asyncio.Event | None = None) -> None:
+    """Run a worker until cancelled, or until SIGINT/SIGTERM when it is the process's only job; set `started` once it is up."""
     worker = build_worker(settings)
+    if started is not None:
+        # SAQ runs its start-up hooks once the queue is connected, right before it takes jobs.
+        async def mark_started(ctx: Any) -> None:
+            started.set()
+
+        worker.startup = [*(worker.startup or []), mark_started]
     loop = asyncio.get_running_loop()
     # Nobody else handles SIGTERM: this is `space worker`, and the signals are ours.
     standalone = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sqlalchemy import URL, make_url, text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 APP_ROLE = "space_app"
 """LOGIN, NOSUPERUSER, NOBYPASSRLS, owns nothing: what the API and workers connect as."""
@@ -60,46 +60,70 @@ class AppRoleError(Exception):
 # The role connected, and every role it can become or act as (membership): SET ROLE to a superuser, a
 # BYPASSRLS role or a table's owner escapes RLS as surely as being one. Temporary schemas are left out (a
 # session's own temporary tables are harmless), and so are the system schemas.
-_ROLE_CHECK = text(
+async def app_role_problems(conn: AsyncConnection, *, owner: str = "the owner role") -> list[tuple[str, str]]:
+    """What unfits the connected role to serve under RLS, as (problem, fix) pairs; empty when it is fit.
+
+    The role and every role it can act as (membership closure) must be neither superuser nor BYPASSRLS nor
+    able to create roles, and own no relation, function or schema in this database (an owner can switch RLS
+    off). The same rule as the test suite's catalogue gate (written there independently). Both the start-up
+    check and `space check` use it.
     """
-    SELECT current_user AS role,
-      (SELECT array_agg(r.rolname::text ORDER BY r.rolname) FROM pg_roles r
-        WHERE r.rolsuper AND pg_has_role(current_user, r.oid, 'MEMBER')) AS superusers,
-      (SELECT array_agg(r.rolname::text ORDER BY r.rolname) FROM pg_roles r
-        WHERE r.rolbypassrls AND pg_has_role(current_user, r.oid, 'MEMBER')) AS bypassers,
-      (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE pg_has_role(current_user, c.relowner, 'MEMBER') AND n.nspname <> 'information_schema'
-          AND n.nspname !~ '^pg_(catalog$|toast|temp_)') AS owned,
-      (SELECT array_agg(x.name ORDER BY x.name) FROM (
-        SELECT format('%I.%I', n.nspname, c.relname) AS name FROM pg_class c
-        JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE pg_has_role(current_user, c.relowner, 'MEMBER') AND n.nspname <> 'information_schema'
-          AND n.nspname !~ '^pg_(catalog$|toast|temp_)'
-        ORDER BY 1 LIMIT 3) x) AS examples
-    """
-)
+    me = str(await conn.scalar(text("SELECT current_user")))
+    rows = (
+        await conn.execute(
+            text(
+                "SELECT r.rolname, r.rolsuper, r.rolbypassrls, r.rolcreaterole,"
+                " ARRAY(SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c"
+                "  JOIN pg_namespace n ON n.oid = c.relnamespace"
+                "  WHERE c.relowner = r.oid AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') ORDER BY 1),"
+                " ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.proowner = r.oid ORDER BY 1),"
+                " ARRAY(SELECT quote_ident(nspname) FROM pg_namespace WHERE nspowner = r.oid ORDER BY 1)"
+                " FROM pg_roles r WHERE pg_has_role(current_user, r.oid, 'MEMBER')"
+                " ORDER BY r.rolname <> current_user, r.rolname"
+            )
+        )
+    ).all()
+    problems: list[tuple[str, str]] = []
+    for name, superuser, bypass, createrole, relations, functions, schemas in rows:
+        who = f"{me}" if name == me else f"{me} can act as {name}, which"
+        fix_role = f"ALTER ROLE {name}" if name == me else f"REVOKE {name} FROM {me}; or ALTER ROLE {name}"
+        if superuser:
+            # A superuser is a member of every role: the closure says nothing more.
+            return [
+                (
+                    f"{who} is a superuser",
+                    f"connect the app as {APP_ROLE} (SPACE_APP_DATABASE_URL), or {fix_role} NOSUPERUSER",
+                )
+            ]
+        if bypass:
+            problems.append((f"{who} has BYPASSRLS", f"{fix_role} NOBYPASSRLS"))
+        if createrole:
+            problems.append((f"{who} has CREATEROLE", f"{fix_role} NOCREATEROLE"))
+        if name in ("pg_read_all_data", "pg_write_all_data", "pg_execute_server_program"):
+            problems.append((f"{me} is a member of {name}", f"REVOKE {name} FROM {me}"))
+        owned = [*relations, *(f"function {f}" for f in functions), *(f"schema {s}" for s in schemas)]
+        if owned:
+            shown = ", ".join(owned[:3]) + (f" and {len(owned) - 3} more" if len(owned) > 3 else "")
+            fix = (
+                f"ALTER TABLE {relations[0]} OWNER TO {owner} (and each other one)"
+                if relations
+                else f"REASSIGN OWNED BY {name} TO {owner}"
+            )
+            problems.append((f"{who} owns {shown}", fix))
+    return problems
 
 
-async def check_app_role(engine: AsyncEngine) -> None:
-    """Raise AppRoleError unless the engine's role is no superuser, has no BYPASSRLS and owns no relation."""
-    async with engine.connect() as conn:
-        row = (await conn.execute(_ROLE_CHECK)).one()
-    problems = []
-    for roles, what in ((row.superusers, "a superuser"), (row.bypassers, "a role with BYPASSRLS")):
-        if roles:
-            others = [r for r in roles if r != row.role]
-            problems.append(f"is {what}" if row.role in roles else f"can SET ROLE to {what} ({', '.join(others)})")
-    if row.role in (row.superusers or ()):
-        # A superuser is a member of every role and owns everything; the rest would only repeat that.
-        problems = problems[:1]
-    elif row.owned:
-        more = f" and {row.owned - len(row.examples)} more" if row.owned > len(row.examples) else ""
-        problems.append(f"owns {', '.join(row.examples)}{more} (a table's owner can switch its RLS off)")
+async def check_app_role(conn: AsyncConnection) -> None:
+    """Raise AppRoleError unless the connected role is fit to serve under RLS (SPEC §14): the API and the
+    worker call it before serving anything."""
+    problems = await app_role_problems(conn)
     if problems:
+        role = await conn.scalar(text("SELECT current_user"))
+        said = "; ".join(f"{problem} (fix: {fix})" for problem, fix in problems)
         raise AppRoleError(
-            f"refusing to start: database role {row.role!r} {'; '.join(problems)}. The API and workers must connect"
-            f" as a role that is not superuser, has NOBYPASSRLS and owns no table ({APP_ROLE!r} unless"
-            " SPACE_APP_DATABASE_URL names another)."
+            f"refusing to start: database role {role!r}: {said}. The API and workers must connect as a role that"
+            f" is not superuser, has NOBYPASSRLS and owns no table ({APP_ROLE!r} unless SPACE_APP_DATABASE_URL"
+            " names another)."
         )
 
 

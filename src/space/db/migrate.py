@@ -7,6 +7,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
 
 from space.db.engine import sync_url
 
@@ -21,6 +22,11 @@ def migrations_dir() -> Path:
     if not isinstance(location, Path):  # e.g. a zipped install: Alembic needs a real folder
         raise RuntimeError(f"space.migrations is not a folder on disk: {location}")
     return location
+
+
+def scripts() -> ScriptDirectory:
+    """The migration scripts this release ships (their heads are what `space migrate` reaches)."""
+    return ScriptDirectory(str(migrations_dir()))
 
 
 def alembic_config(owner_url: str) -> Config:
