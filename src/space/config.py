@@ -44,6 +44,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Attempts (SAQ counts attempts: 1 means no retry)."""
     deletion_grace_seconds: NonNegativeInt = 604_800
     worker_concurrency: PositiveInt = 2
+    api_statement_timeout_ms: PositiveInt = 5_000
+    """statement_timeout of the API's database connections, in milliseconds."""
 
 
 # Environment variable -> Settings field. Only these are read; everything else in the environment is ignored.
@@ -65,6 +67,7 @@ ENV_VARS: dict[str, str] = {
     "SPACE_EXPORT_RETRIES": "export_retries",
     "SPACE_DELETION_GRACE_SECONDS": "deletion_grace_seconds",
     "SPACE_WORKER_CONCURRENCY": "worker_concurrency",
+    "SPACE_API_STATEMENT_TIMEOUT_MS": "api_statement_timeout_ms",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"
