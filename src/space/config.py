@@ -44,6 +44,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Attempts (SAQ counts attempts: 1 means no retry)."""
     deletion_grace_seconds: NonNegativeInt = 604_800
     worker_concurrency: PositiveInt = 2
+    export_user_rate_limit: PositiveInt = 10
+    """Active-or-recent exports per user across all their orgs (besides the per-org export_rate_limit)."""
+    orgs_per_user: PositiveInt = 20
+    """Organizations (not deleted) one user may own."""
+    org_result_quota_bytes: PositiveInt = 2_147_483_648
+    """Bytes of completed, downloadable results one org may keep."""
     api_statement_timeout_ms: PositiveInt = 5_000
     """statement_timeout of the API's database connections, in milliseconds."""
 
@@ -67,6 +73,9 @@ ENV_VARS: dict[str, str] = {
     "SPACE_EXPORT_RETRIES": "export_retries",
     "SPACE_DELETION_GRACE_SECONDS": "deletion_grace_seconds",
     "SPACE_WORKER_CONCURRENCY": "worker_concurrency",
+    "SPACE_EXPORT_USER_RATE_LIMIT": "export_user_rate_limit",
+    "SPACE_ORGS_PER_USER": "orgs_per_user",
+    "SPACE_ORG_RESULT_QUOTA_BYTES": "org_result_quota_bytes",
     "SPACE_API_STATEMENT_TIMEOUT_MS": "api_statement_timeout_ms",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}

@@ -81,6 +81,14 @@ class FinalExportRecommended(Conflict):
     code, title = "final_export_recommended", "Take a final snapshot export first"
 
 
+class OrgLimitReached(Conflict):
+    code, title = "org_limit_reached", "Too many organizations"
+
+
+class ExportQuotaExceeded(Conflict):
+    code, title = "export_quota_exceeded", "Stored exports use the organization's quota"
+
+
 class ExportNotReady(Conflict):
     code, title = "export_not_ready", "Export is not ready"
 
