@@ -253,7 +253,7 @@ async def test_publishes_are_ordered_by_the_org_lock_for_the_quota(
     _, size = await _completed(api, db, settings, org, org.member)
     exports = [await create_export(api, org, user, CSV) for user in (org.admin, org.owner)]
     # Room for one more result; both builds run at once and reach their publish together.
-    room_for_one = tuned(settings, org_result_quota_bytes=2 * size)
+    room_for_one = tuned(settings, org_result_quota_bytes=2 * size, export_org_concurrency=2)
     gates = [Gate({"before_publish"}), Gate({"before_publish"})]
     runs = [
         run_export(runner(room_for_one, db), uid(e["id"]), uid(org.id), gate=g)

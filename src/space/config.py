@@ -50,6 +50,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Organizations (not deleted) one user may own."""
     org_result_quota_bytes: PositiveInt = 2_147_483_648
     """Bytes of completed, downloadable results one org may keep."""
+    export_org_concurrency: PositiveInt = 1
+    """Exports of one org that run at once, over all workers."""
     api_statement_timeout_ms: PositiveInt = 5_000
     """statement_timeout of the API's database connections, in milliseconds."""
 
@@ -76,6 +78,7 @@ ENV_VARS: dict[str, str] = {
     "SPACE_EXPORT_USER_RATE_LIMIT": "export_user_rate_limit",
     "SPACE_ORGS_PER_USER": "orgs_per_user",
     "SPACE_ORG_RESULT_QUOTA_BYTES": "org_result_quota_bytes",
+    "SPACE_EXPORT_ORG_CONCURRENCY": "export_org_concurrency",
     "SPACE_API_STATEMENT_TIMEOUT_MS": "api_statement_timeout_ms",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}

@@ -82,6 +82,12 @@ async def usage(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID) ->
     return Usage(counted=row.n, active=row.active, frees_in=None if row.wait is None else float(row.wait))
 
 
+async def active(session: AsyncSession, org_id: uuid.UUID) -> int:
+    """The org's queued and running exports (whatever their lease): the ones ahead of a new export."""
+    n = await session.scalar(select(func.count()).where(ExportJob.org_id == org_id, ExportJob.state.in_(ACTIVE)))
+    return int(n or 0)
+
+
 async def user_usage(session: AsyncSession, user_id: uuid.UUID) -> Usage:
     """What the per-user rate limit counts: the user's exports in every org, measured now (SPEC §14)."""
     row = (
@@ -233,6 +239,43 @@ async def claim(
             .execution_options(synchronize_session=False)
         )
     ).first()
+
+
+async def running(session: AsyncSession, org_id: uuid.UUID) -> int:
+    """The org's running exports whose lease is still live: what its concurrency limit counts."""
+    n = await session.scalar(
+        select(func.count()).where(
+            ExportJob.org_id == org_id,
+            ExportJob.state == ExportState.running.value,
+            ExportJob.lease_expires_at >= _now(),
+        )
+    )
+    return int(n or 0)
+
+
+async def claimable(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID, *, max_attempts: int) -> bool:
+    """Whether `claim` would take the export if the org had room."""
+    found: Any = exists().where(
+        ExportJob.id == export_id,
+        ExportJob.org_id == org_id,
+        ExportJob.deleted_at.is_(None),
+        ExportJob.attempt < max_attempts,
+        _claimable(),
+    )
+    return bool(await session.scalar(select(found)))
+
+
+async def waiting(session: AsyncSession, org_id: uuid.UUID, limit: int) -> list[uuid.UUID]:
+    """The org's `limit` oldest claimable exports (queued, or running under an expired lease)."""
+    if limit <= 0:
+        return []
+    rows = await session.scalars(
+        select(ExportJob.id)
+        .where(ExportJob.org_id == org_id, ExportJob.deleted_at.is_(None), _claimable())
+        .order_by(ExportJob.created_at, ExportJob.id)
+        .limit(limit)
+    )
+    return list(rows)
 
 
 async def fail_exhausted(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID, *, max_attempts: int) -> bool:

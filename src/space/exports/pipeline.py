@@ -27,7 +27,7 @@ from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.errors import NotFound
 from space.exports import ledger
-from space.exports.failures import ExportFailure, LeaseLost
+from space.exports.failures import Deferred, ExportFailure, LeaseLost
 from space.exports.formats import Batch, Format, Snapshot, TicketsCsv
 from space.exports.lease import HAND_BACK_SECONDS, Built, Lease
 from space.exports.models import ExportKind, ExportScope, ExportState
@@ -59,12 +59,16 @@ class ExportRunner:
 
 
 async def run_export(runner: ExportRunner, export_id: uuid.UUID, org_id: uuid.UUID, *, gate: Gate = _open) -> str:
-    """Claim, check, build, publish. Returns the outcome: completed, a failure code, `lease_lost` or `not_claimed`.
+    """Claim, check, build, publish. Returns the outcome: completed, a failure code, `lease_lost`, `not_claimed`, or
+    `deferred` (the org runs its limit of exports; the worker wakes the org again when one of them ends).
 
     Business failures (limits, access, org state, timeout) are final and written fenced. Any other error
     gives the export back and re-raises so SAQ retries, except on the last attempt, which fails it.
     """
-    lease = await Lease.claim(runner.db, runner.settings, export_id, org_id)
+    try:
+        lease = await Lease.claim(runner.db, runner.settings, export_id, org_id)
+    except Deferred:
+        return "deferred"
     if lease is None:
         return "not_claimed"
     await gate("claimed", lease)

@@ -139,11 +139,15 @@ async def create_export(
         ),
     )
     export_id = job.id
+    # The queue carries at most the org's concurrency of its exports: the rest wait in the ledger, oldest first,
+    # until an ending export wakes the org (under this lock: exports.maintenance.wake). One org's backlog then
+    # never sits in the queue in front of another org's exports.
+    if await ledger.active(session, org.id) <= settings.export_org_concurrency:
 
-    async def enqueue() -> None:
-        await enqueue_quietly(queue, settings, export_id, org_id)
+        async def enqueue() -> None:
+            await enqueue_quietly(queue, settings, export_id, org_id)
 
-    uow.after_commit(enqueue)
+        uow.after_commit(enqueue)
     return export_out(job, can_download=False)
 
 
