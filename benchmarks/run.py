@@ -9,11 +9,16 @@ Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a
    the API, poll until completed, download it to a file.
    export_seconds = completedAt - createdAt as the database recorded them; download_seconds = wall time of
    the GET; peak RSS = VmHWM of each process, reset (/proc/<pid>/clear_refs) before each case;
-3. `space up` (API and worker in one process, one event loop): the 1M tickets export again while the
+3. fairness: another `space api` + `space worker` pair; the 100k org gets 20 queued CSV exports (its
+   owner's rate limits raised for this phase only), then a small org (1,000 tickets) asks for one; its
+   waiting time is startedAt - createdAt from the ledger, beside how many backlog exports were still queued
+   when it asked and how many started while it waited;
+4. `space up` (API and worker in one process, one event loop): the 1M tickets export again while the
    status route is polled back to back; its latencies show whether the export blocks the event loop.
 
-Prints one line per case on stdout and writes them to benchmarks/results/latest.json; progress and the
-status-route latencies go to stderr (and results/status_latency.json).
+Prints one line per case (and the fairness line) on stdout and writes them to benchmarks/results/latest.json
+(fairness: results/fairness.json); progress and the status-route latencies go to stderr (and
+results/status_latency.json).
 
     python -m benchmarks.run [--tickets 1000000] [--small-tickets 100000] [--tasks 1000000]
 """
@@ -52,6 +57,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TIMEOUT = 600.0
 PROJECTS = 20
 """Projects of the large org (space.demo makes min(20, tasks / 10))."""
+BACKLOG = 20
+"""Queued exports of one org in the fairness phase."""
+SMALL_TICKETS = 1_000
+"""Tickets of the small org whose export the fairness phase times."""
 
 
 @dataclass
@@ -126,10 +135,10 @@ def free_port() -> int:
         return port
 
 
-def spawn(command: str, url: str, port: int) -> subprocess.Popen[bytes]:
-    """`space <command>` as a child process on the given database, with default settings."""
+def spawn(command: str, url: str, port: int, settings: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`space <command>` as a child process on the given database, with default settings (or these)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
-    env.update({"DATABASE_URL": url, "SPACE_PORT": str(port), "SPACE_HOST": "127.0.0.1"})
+    env.update({"DATABASE_URL": url, "SPACE_PORT": str(port), "SPACE_HOST": "127.0.0.1", **(settings or {})})
     return subprocess.Popen(
         [sys.executable, "-c", "from space.cli import main; main()", command],
         env=env,
@@ -327,6 +336,68 @@ async def separate_processes(
     return cases, export_ids
 
 
+async def fairness(url: str, busy: Org, small: Org) -> dict[str, Any]:
+    """How long a small org's export waits while another org has BACKLOG exports queued (default settings:
+    2 worker slots, 1 export per org at a time), from the ledger's createdAt -> startedAt."""
+    port = free_port()
+    # One user (who ran a case a moment ago) queues the whole backlog: the rate limits are raised for this API
+    # process only.
+    limits = {"SPACE_EXPORT_RATE_LIMIT": str(2 * BACKLOG), "SPACE_EXPORT_USER_RATE_LIMIT": str(2 * BACKLOG)}
+    api = spawn("api", url, port, limits)
+    worker = spawn("worker", url, port)
+    auth = {"Authorization": f"Bearer {busy.people['owner']}"}
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
+            await wait_healthy(client, api)
+            # All at once, so that few of them have started by the time the small org asks.
+            posts = [
+                client.post(f"/orgs/{busy.id}/exports", json={"kind": "tickets_csv"}, headers=auth)
+                for _ in range(BACKLOG)
+            ]
+            backlog = []
+            for r in await asyncio.gather(*posts):
+                r.raise_for_status()
+                backlog.append(r.json()["id"])
+            status, _ = await create_and_wait(client, small, "member", "tickets_csv", poll=0.05)
+            asked, started = _ts(status["createdAt"]), _ts(status["startedAt"])
+            states = [(await client.get(f"/orgs/{busy.id}/exports/{e}", headers=auth)).json() for e in backlog]
+            starts = [_ts(b["startedAt"]) if b["startedAt"] else None for b in states]
+            waiting = sum(1 for t in starts if t is None or t >= asked)
+            ahead = sum(1 for t in starts if t is not None and asked <= t < started)
+            first = min(states, key=lambda b: b["startedAt"] or "~")
+            if first["completedAt"] is None:
+                first, _ = await _wait_done(client, busy, first["id"])
+            # The rest of the backlog is not measured: cancel it.
+            for e in backlog:
+                await client.delete(f"/orgs/{busy.id}/exports/{e}", headers=auth)
+    finally:
+        stop(worker)
+        stop(api)
+    return {
+        "case": "fairness",
+        "backlog": BACKLOG,
+        "backlog_rows": int(first["rowCount"]),
+        "backlog_export_seconds": round(_ts(first["completedAt"]) - _ts(first["startedAt"]), 3),
+        "small_rows": int(status["rowCount"]),
+        "small_wait_seconds": round(started - _ts(status["createdAt"]), 3),
+        "small_export_seconds": round(_ts(status["completedAt"]) - _ts(status["createdAt"]), 3),
+        "backlog_queued_when_small_asked": waiting,
+        "backlog_started_while_small_waited": ahead,
+    }
+
+
+async def _wait_done(client: httpx.AsyncClient, org: Org, export_id: str) -> tuple[dict[str, Any], None]:
+    auth = {"Authorization": f"Bearer {org.people['owner']}"}
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        status: dict[str, Any] = (await client.get(f"/orgs/{org.id}/exports/{export_id}", headers=auth)).json()
+        if status["completedAt"] is not None:
+            return status, None
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"export not finished: {status}")
+        await asyncio.sleep(0.05)
+
+
 async def in_process(url: str, org: Org, finished: str) -> dict[str, Any]:
     """`space up`: the 1M tickets export in the process that serves HTTP, its status route polled meanwhile."""
     port = free_port()
@@ -364,7 +435,7 @@ async def poll_idle(client: httpx.AsyncClient, org: Org, role: str, export_id: s
     return out
 
 
-async def run(tickets: int, small_tickets: int, tasks: int) -> tuple[list[Case], dict[str, Any]]:
+async def run(tickets: int, small_tickets: int, tasks: int) -> tuple[list[Case], dict[str, Any], dict[str, Any]]:
     """Every case, in one run against a fresh database."""
     with server() as admin, fresh_database(admin) as url, tempfile.TemporaryDirectory() as tmp:
         with psycopg.connect(url) as conn:
@@ -373,7 +444,14 @@ async def run(tickets: int, small_tickets: int, tasks: int) -> tuple[list[Case],
         log(f"seeding {small_tickets} tickets; {tickets} tickets and {tasks} tasks ...")
         started = time.perf_counter()
         # The snapshot's rows are its projects (20) and tasks; the default row limit is 1,000,000.
-        orgs = await seed(url, {"Bench100k": (small_tickets, 0), "Bench1M": (tickets, tasks - PROJECTS)})
+        orgs = await seed(
+            url,
+            {
+                "Bench100k": (small_tickets, 0),
+                "Bench1M": (tickets, tasks - PROJECTS),
+                "BenchSmall": (SMALL_TICKETS, 0),
+            },
+        )
         log(f"seeded and vacuumed in {time.perf_counter() - started:.1f} s")
         plan = [
             (f"tickets_csv_{_size(small_tickets)}", "Bench100k", "tickets_csv"),
@@ -381,10 +459,12 @@ async def run(tickets: int, small_tickets: int, tasks: int) -> tuple[list[Case],
             (f"snapshot_{_size(tasks)}", "Bench1M", "snapshot"),
         ]
         cases, cases_export_ids = await separate_processes(url, orgs, plan, Path(tmp))
+        log(f"fairness: {BACKLOG} exports queued in Bench100k, then one in BenchSmall ...")
+        fair = await fairness(url, orgs["Bench100k"], orgs["BenchSmall"])
         log("space up: the tickets export in the HTTP process, status polled back to back ...")
         latency = await in_process(url, orgs["Bench1M"], cases_export_ids[-1])
         log(" ".join(f"{k}={v}" for k, v in latency.items()))
-    return cases, latency
+    return cases, fair, latency
 
 
 def _size(n: int) -> str:
@@ -398,10 +478,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--small-tickets", type=int, default=100_000, help="tickets of the small case (100000)")
     parser.add_argument("--tasks", type=int, default=1_000_000, help="tasks in the snapshot (1000000)")
     args = parser.parse_args(argv)
-    cases, latency = asyncio.run(run(args.tickets, args.small_tickets, args.tasks))
+    cases, fair, latency = asyncio.run(run(args.tickets, args.small_tickets, args.tasks))
     for case in cases:
         print(case.line())
+    print(" ".join(f"{k}={_fmt(v)}" for k, v in fair.items()))
     RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "fairness.json").write_text(json.dumps(fair, indent=2) + "\n")
     (RESULTS / "latest.json").write_text(json.dumps([asdict(c) for c in cases], indent=2) + "\n")
     (RESULTS / "status_latency.json").write_text(json.dumps(latency, indent=2) + "\n")
 

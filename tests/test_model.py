@@ -471,8 +471,9 @@ class SpaceModel(RuleBasedStateMachine):
 
 @pytest.fixture(scope="module")
 async def model_api(settings: Settings, users: UserFactory) -> AsyncIterator[Api]:
-    """The real app with a rate limit out of the way (it has its own tests): the model runs many exports."""
-    async with AsyncTestClient(app=create_app(tuned(settings, export_rate_limit=100_000))) as client:
+    """The real app with the rate limits out of the way (they have their own tests): the model runs many exports."""
+    limits = tuned(settings, export_rate_limit=100_000, export_user_rate_limit=100_000)
+    async with AsyncTestClient(app=create_app(limits)) as client:
         yield Api(client, users)
 
 

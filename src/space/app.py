@@ -23,6 +23,19 @@ from space.system import health, me
 from space.tickets.routes import router as tickets_router
 
 MAX_BODY_BYTES = 1024 * 1024
+API_IDLE_IN_TRANSACTION_TIMEOUT_MS = 10_000
+"""How long an API transaction may sit idle (holding its locks, perhaps the org's) before the server ends it.
+
+A request's transaction is idle only between its statements; results stream after the commit.
+"""
+
+
+def api_server_settings(settings: Settings) -> dict[str, str]:
+    """The session settings of the API's connections (SPEC §14); workers and CLI commands keep the defaults."""
+    return {
+        "statement_timeout": str(settings.api_statement_timeout_ms),
+        "idle_in_transaction_session_timeout": str(API_IDLE_IN_TRANSACTION_TIMEOUT_MS),
+    }
 
 
 def create_app(settings: Settings) -> Litestar:
@@ -32,7 +45,11 @@ def create_app(settings: Settings) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncGenerator[None, None]:
-        db = Database(app_url(owner_url, settings.app_database_url), application_name="space-api")
+        db = Database(
+            app_url(owner_url, settings.app_database_url),
+            application_name="space-api",
+            server_settings=api_server_settings(settings),
+        )
         # The API only enqueues (after commits); workers consume. Its own small pool, as space_queue.
         queue = make_queue(settings, application_name="space-api-queue", max_connections=4)
         app.state.db = db

@@ -46,6 +46,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     worker_concurrency: PositiveInt = 2
     debug: bool = False
     """The CLI shows the traceback of an expected failure instead of its one line."""
+    export_user_rate_limit: PositiveInt = 10
+    """Active-or-recent exports per user across all their orgs (besides the per-org export_rate_limit)."""
+    orgs_per_user: PositiveInt = 20
+    """Organizations (not deleted) one user may own."""
+    org_result_quota_bytes: PositiveInt = 2_147_483_648
+    """Bytes of completed, downloadable results one org may keep."""
+    export_org_concurrency: PositiveInt = 1
+    """Exports of one org that run at once, over all workers."""
+    api_statement_timeout_ms: PositiveInt = 5_000
+    """statement_timeout of the API's database connections, in milliseconds."""
 
 
 # Environment variable -> Settings field. Only these are read; everything else in the environment is ignored.
@@ -68,6 +78,11 @@ ENV_VARS: dict[str, str] = {
     "SPACE_DELETION_GRACE_SECONDS": "deletion_grace_seconds",
     "SPACE_WORKER_CONCURRENCY": "worker_concurrency",
     "SPACE_DEBUG": "debug",
+    "SPACE_EXPORT_USER_RATE_LIMIT": "export_user_rate_limit",
+    "SPACE_ORGS_PER_USER": "orgs_per_user",
+    "SPACE_ORG_RESULT_QUOTA_BYTES": "org_result_quota_bytes",
+    "SPACE_EXPORT_ORG_CONCURRENCY": "export_org_concurrency",
+    "SPACE_API_STATEMENT_TIMEOUT_MS": "api_statement_timeout_ms",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"

@@ -7,9 +7,12 @@ from http import HTTPStatus
 from typing import Any, ClassVar
 
 import msgspec
+import psycopg
+import psycopg.errors
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
+from sqlalchemy.exc import DBAPIError
 
 log = logging.getLogger("space")
 
@@ -78,6 +81,14 @@ class FinalExportRecommended(Conflict):
     code, title = "final_export_recommended", "Take a final snapshot export first"
 
 
+class OrgLimitReached(Conflict):
+    code, title = "org_limit_reached", "Too many organizations"
+
+
+class ExportQuotaExceeded(Conflict):
+    code, title = "export_quota_exceeded", "Stored exports use the organization's quota"
+
+
 class ExportNotReady(Conflict):
     code, title = "export_not_ready", "Export is not ready"
 
@@ -92,6 +103,14 @@ class ExportExpired(SpaceError):
 
 class RateLimited(SpaceError):
     status, code, title = 429, "export_rate_limited", "Too many exports"
+
+
+class QueryTimeout(SpaceError):
+    status, code, title = 503, "timeout", "The request took too long"
+
+
+TIMEOUT_RETRY_AFTER = 5
+"""Seconds a client is asked to wait before repeating a request that hit the database's time bound."""
 
 
 class Problem(msgspec.Struct, omit_defaults=True):
@@ -184,6 +203,23 @@ def _recursion_error(request: Request[Any, Any, Any], exc: RecursionError) -> Re
 _DECODERS = frozenset({"decode_json", "decode_msgpack"})
 
 
+# statement_timeout cancels the query (QueryCanceled); idle_in_transaction_session_timeout ends the session.
+_TIMEOUTS = (psycopg.errors.QueryCanceled, psycopg.errors.IdleInTransactionSessionTimeout)
+
+
+def _database_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Problem]:
+    # SQLAlchemy wraps the driver's error (DBAPIError.orig); statements run on the driver connection raise it bare.
+    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    if isinstance(cause, _TIMEOUTS):
+        log.warning("request timed out in the database: %s", type(cause).__name__)
+        timeout = QueryTimeout(
+            "The database took too long to answer; try again shortly.",
+            headers={"Retry-After": str(TIMEOUT_RETRY_AFTER)},
+        )
+        return _space_error(request, timeout)
+    return _unexpected(request, exc)
+
+
 def _unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[Problem]:
     log.exception("unhandled error", exc_info=exc)
     return problem(500, "internal_error", "Internal Server Error", "An unexpected error occurred.")
@@ -194,5 +230,7 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     ValidationException: _validation_error,
     HTTPException: _http_error,
     RecursionError: _recursion_error,
+    DBAPIError: _database_error,
+    psycopg.Error: _database_error,
     Exception: _unexpected,
 }

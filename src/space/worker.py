@@ -20,7 +20,7 @@ from saq.types import PartialTimersDict
 
 from space.config import Settings
 from space.db import Database, app_url, check_app_role
-from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_export_job
+from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_export_job, wake_after_export_job
 from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT, make_queue
 from space.exports.storage import PgResultStore
@@ -82,6 +82,8 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
         concurrency=settings.worker_concurrency,
         startup=startup,
         shutdown=shutdown,
+        # An export of an org that ran its limit waits with no queue entry; each ending export job wakes its org.
+        after_process=wake_after_export_job,
         timers=timers,
         # On shutdown SAQ cancels running jobs and, after this deadline, cancels them again: a cancelled export
         # must first get to give itself back (bounded by HAND_BACK_SECONDS) and SAQ to requeue its entry.

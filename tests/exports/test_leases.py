@@ -266,8 +266,9 @@ async def test_reconciler_requeues_lost_and_expired_jobs(
         assert await Lease.claim(db, settings, uid(stalled["id"]), oid) is not None
         await expire_lease(db, org.id, stalled["id"])
         await _drop_queue_entry(owner_url, uid(stalled["id"]))
-        # `exhausted` was claimed twice and both workers died; two attempts are all it may have.
-        two = tuned(settings, export_retries=2)
+        # `exhausted` was claimed twice and both workers died; two attempts are all it may have. The org may
+        # run two exports at once, so the reconciler wakes both waiting ones.
+        two = tuned(settings, export_retries=2, export_org_concurrency=2)
         for _ in range(2):
             assert await Lease.claim(db, two, uid(exhausted["id"]), oid) is not None
             await expire_lease(db, org.id, exhausted["id"])

@@ -124,13 +124,15 @@ async def test_sigterm_mid_export_stops_taking_jobs_and_the_export_completes_onc
     fapi: Api, faults_db: Database, owner: Owner, procs: Procs
 ) -> None:
     org, markers = await seeded(fapi, faults_db, "term")
+    # Another org's export: one of this org's would wait in the ledger, not the queue, while the first runs.
+    other = await fapi.org("term-other")
     first = await create_export(fapi, org, org.member, {"kind": "tickets_csv"})
     async with MidRead(owner, org.id, first["id"]) as pause:
         await pause.arm()
         # One job at a time: while the first export runs, the second one waits in the queue.
         a = await procs.worker("worker-a", SPACE_WORKER_CONCURRENCY="1")
         held = await pause.engage()
-        second = await create_export(fapi, org, org.owner, {"kind": "snapshot"})
+        second = await create_export(fapi, other, other.owner, {"kind": "snapshot"})
         assert [e["status"] for e in await owner.queue_entries(second["id"])] == ["queued"]
         a.send(signal.SIGTERM)
         # Let the held chunk through: the run is cancelled at its next step (or already was), and gives

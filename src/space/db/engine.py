@@ -134,16 +134,21 @@ class Database:
     url: str
     application_name: str = "space"
     pool_size: int = 10
+    server_settings: dict[str, str] = field(default_factory=dict)
+    """Session settings every connection starts with (libpq `options`), e.g. the API's statement_timeout."""
     engine: AsyncEngine = field(init=False)
     sessionmaker: async_sessionmaker[AsyncSession] = field(init=False)
 
     def __post_init__(self) -> None:
+        connect_args: dict[str, str] = {"application_name": self.application_name}
+        if self.server_settings:
+            connect_args["options"] = " ".join(f"-c {k}={v}" for k, v in self.server_settings.items())
         self.engine = create_async_engine(
             self.url,
             pool_size=self.pool_size,
             max_overflow=10,
             pool_pre_ping=True,
-            connect_args={"application_name": self.application_name},
+            connect_args=connect_args,
         )
         self.sessionmaker = async_sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
 

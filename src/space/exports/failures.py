@@ -1,4 +1,5 @@
-"""What stops an export run: a failure its owner is told about, or a lease that another execution took."""
+"""What stops an export run: a failure its owner is told about, a lease that another execution took, or an org
+that already runs as many exports as it may."""
 
 from __future__ import annotations
 
@@ -13,3 +14,7 @@ class ExportFailure(Exception):
 
 class LeaseLost(Exception):
     """A fenced write matched no row: another execution owns the export now, or it was cancelled."""
+
+
+class Deferred(Exception):
+    """The org already runs its limit of exports: this one stays queued, its attempt unused, until one ends."""

@@ -22,8 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
+from space.db.locks import lock_org_claims
 from space.exports import ledger
-from space.exports.failures import LeaseLost
+from space.exports.failures import Deferred, LeaseLost
 from space.exports.ledger import Fence
 from space.exports.models import ExportScope
 from space.exports.storage import ResultKey
@@ -65,18 +66,28 @@ class Lease:
     async def claim(cls, db: Database, settings: Settings, export_id: uuid.UUID, org_id: uuid.UUID) -> Lease | None:
         """Take the export with one conditional UPDATE; None when another worker owns it or it is finished.
 
-        A claimable export that has used all its attempts fails `worker_lost` instead.
+        A claimable export that has used all its attempts fails `worker_lost` instead. Raises Deferred, and
+        changes nothing, while the org already runs `export_org_concurrency` exports with a live lease.
         """
         fence = Fence(export_id, org_id, uuid.uuid4())
+        max_attempts = settings.export_retries
         async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
+            # The org's claims queue here, so two of them can't both count room for one more.
+            await lock_org_claims(uow.session, org_id)
+            if await ledger.running(uow.session, org_id) >= settings.export_org_concurrency:
+                if await ledger.fail_exhausted(uow.session, export_id, org_id, max_attempts=max_attempts):
+                    return None
+                if await ledger.claimable(uow.session, export_id, org_id, max_attempts=max_attempts):
+                    raise Deferred(f"org {org_id} runs {settings.export_org_concurrency} exports already")
+                return None
             row = await ledger.claim(
                 uow.session,
                 fence,
-                max_attempts=settings.export_retries,
+                max_attempts=max_attempts,
                 lease_seconds=settings.export_lease_seconds,
             )
             if row is None:
-                await ledger.fail_exhausted(uow.session, export_id, org_id, max_attempts=settings.export_retries)
+                await ledger.fail_exhausted(uow.session, export_id, org_id, max_attempts=max_attempts)
                 return None
         return cls(
             db=db,

@@ -6,7 +6,8 @@ from the database clock: `clock_timestamp()` for leases, `statement_timestamp()`
 publish decides after waiting for a lock.
 
 Cross-org reads (the reconciler's and the cleanup's candidates) go through SECURITY DEFINER functions of
-migration 0003 that list ids only; every write that follows runs per org under its RLS context.
+migration 0003 that list ids only, and a user's exports over every org (the per-user rate limit) through
+0006's, which counts only; every write that follows runs per org under its RLS context.
 """
 
 from __future__ import annotations
@@ -79,6 +80,41 @@ async def usage(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID) ->
         )
     ).one()
     return Usage(counted=row.n, active=row.active, frees_in=None if row.wait is None else float(row.wait))
+
+
+async def active(session: AsyncSession, org_id: uuid.UUID) -> int:
+    """The org's queued and running exports (whatever their lease): the ones ahead of a new export."""
+    n = await session.scalar(select(func.count()).where(ExportJob.org_id == org_id, ExportJob.state.in_(ACTIVE)))
+    return int(n or 0)
+
+
+async def user_usage(session: AsyncSession, user_id: uuid.UUID) -> Usage:
+    """What the per-user rate limit counts: the user's exports in every org, measured now (SPEC §14)."""
+    row = (
+        await session.execute(
+            text("SELECT * FROM space_exports_user_usage(:user, :window)"),
+            {"user": user_id, "window": dt.timedelta(minutes=1)},
+        )
+    ).one()
+    return Usage(counted=row.counted, active=row.active, frees_in=row.frees_in)
+
+
+def _stored() -> list[ColumnElement[bool]]:
+    # Completed and still downloadable: not deleted, not purged, not past expiresAt (after any lock wait).
+    return [
+        ExportJob.state == ExportState.completed.value,
+        ExportJob.deleted_at.is_(None),
+        ExportJob.purged_at.is_(None),
+        ExportJob.expires_at > func.statement_timestamp(),
+    ]
+
+
+async def stored_bytes(session: AsyncSession, org_id: uuid.UUID) -> int:
+    """Bytes of the org's downloadable results: what its result quota counts."""
+    total = await session.scalar(
+        select(func.coalesce(func.sum(ExportJob.byte_size), 0)).where(ExportJob.org_id == org_id, *_stored())
+    )
+    return int(total or 0)
 
 
 async def add(session: AsyncSession, job: ExportJob) -> ExportJob:
@@ -208,6 +244,43 @@ async def claim(
             .execution_options(synchronize_session=False)
         )
     ).first()
+
+
+async def running(session: AsyncSession, org_id: uuid.UUID) -> int:
+    """The org's running exports whose lease is still live: what its concurrency limit counts."""
+    n = await session.scalar(
+        select(func.count()).where(
+            ExportJob.org_id == org_id,
+            ExportJob.state == ExportState.running.value,
+            ExportJob.lease_expires_at >= _now(),
+        )
+    )
+    return int(n or 0)
+
+
+async def claimable(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID, *, max_attempts: int) -> bool:
+    """Whether `claim` would take the export if the org had room."""
+    found: Any = exists().where(
+        ExportJob.id == export_id,
+        ExportJob.org_id == org_id,
+        ExportJob.deleted_at.is_(None),
+        ExportJob.attempt < max_attempts,
+        _claimable(),
+    )
+    return bool(await session.scalar(select(found)))
+
+
+async def waiting(session: AsyncSession, org_id: uuid.UUID, limit: int) -> list[uuid.UUID]:
+    """The org's `limit` oldest claimable exports (queued, or running under an expired lease)."""
+    if limit <= 0:
+        return []
+    rows = await session.scalars(
+        select(ExportJob.id)
+        .where(ExportJob.org_id == org_id, ExportJob.deleted_at.is_(None), _claimable())
+        .order_by(ExportJob.created_at, ExportJob.id)
+        .limit(limit)
+    )
+    return list(rows)
 
 
 async def fail_exhausted(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID, *, max_attempts: int) -> bool:

@@ -26,7 +26,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.errors import NotFound
-from space.exports.failures import ExportFailure, LeaseLost
+from space.exports import ledger
+from space.exports.failures import Deferred, ExportFailure, LeaseLost
 from space.exports.formats import Batch, Format, Snapshot, TicketsCsv
 from space.exports.lease import HAND_BACK_SECONDS, Built, Lease
 from space.exports.models import ExportKind, ExportScope, ExportState
@@ -58,12 +59,16 @@ class ExportRunner:
 
 
 async def run_export(runner: ExportRunner, export_id: uuid.UUID, org_id: uuid.UUID, *, gate: Gate = _open) -> str:
-    """Claim, check, build, publish. Returns the outcome: completed, a failure code, `lease_lost` or `not_claimed`.
+    """Claim, check, build, publish. Returns the outcome: completed, a failure code, `lease_lost`, `not_claimed`, or
+    `deferred` (the org runs its limit of exports; the worker wakes the org again when one of them ends).
 
     Business failures (limits, access, org state, timeout) are final and written fenced. Any other error
     gives the export back and re-raises so SAQ retries, except on the last attempt, which fails it.
     """
-    lease = await Lease.claim(runner.db, runner.settings, export_id, org_id)
+    try:
+        lease = await Lease.claim(runner.db, runner.settings, export_id, org_id)
+    except Deferred:
+        return "deferred"
     if lease is None:
         return "not_claimed"
     await gate("claimed", lease)
@@ -171,10 +176,12 @@ async def build(runner: ExportRunner, lease: Lease, gate: Gate = _open) -> Built
 
 
 async def publish(runner: ExportRunner, lease: Lease, built: Built, gate: Gate = _open) -> str:
-    """Step 6: under the org lock, re-check eligibility and run the fenced UPDATE. Returns the outcome.
+    """Step 6: under the org lock, re-check eligibility and the org's result quota, and run the fenced UPDATE.
+    Returns the outcome.
 
-    An ineligible export is failed in the same transaction (still fenced); its chunks are then deleted.
-    Raises LeaseLost when the execution no longer owns the export: nothing is published or failed.
+    An ineligible export, or one that would take the org's stored results past their quota, is failed in the
+    same transaction (still fenced); its chunks are then deleted. Raises LeaseLost when the execution no
+    longer owns the export: nothing is published or failed.
     """
     outcome = ExportState.completed.value
     async with UnitOfWork(runner.db.sessionmaker, Tenant(org_id=lease.org_id)) as uow:
@@ -185,6 +192,8 @@ async def publish(runner: ExportRunner, lease: Lease, built: Built, gate: Gate =
         await gate("publish_locked", lease)
         try:
             await check(uow.session, lease, state)
+            # Under the org lock: publishes of one org are ordered, so none counts without another's bytes.
+            await _within_quota(uow.session, lease, built.byte_size, runner.settings.org_result_quota_bytes)
         except ExportFailure as failure:
             await lease.fail_in(uow.session, failure.code)
             outcome = failure.code
@@ -193,6 +202,14 @@ async def publish(runner: ExportRunner, lease: Lease, built: Built, gate: Gate =
     if outcome != ExportState.completed.value:
         await runner.store.delete(lease.key)
     return outcome
+
+
+async def _within_quota(session: AsyncSession, lease: Lease, size: int, quota: int) -> None:
+    stored = await ledger.stored_bytes(session, lease.org_id)
+    if stored + size > quota:
+        raise ExportFailure(
+            "quota_exceeded", f"{size} bytes would take the org's stored results ({stored}) past {quota}."
+        )
 
 
 async def _fail(runner: ExportRunner, lease: Lease, code: str) -> str:

@@ -60,9 +60,3 @@ async def enqueue_quietly(queue: Queue, settings: Settings, export_id: uuid.UUID
         await enqueue_export(queue, settings, export_id, org_id)
     except Exception:
         log.exception("enqueue of export %s failed; the reconciler will enqueue it", export_id)
-
-
-async def has_live_entry(queue: Queue, export_id: uuid.UUID) -> bool:
-    """Whether the queue still holds an unfinished job for this export."""
-    job = await queue.job(str(export_id))
-    return job is not None and job.status not in TERMINAL

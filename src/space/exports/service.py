@@ -14,11 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.config import Settings
 from space.db import UnitOfWork
+from space.db.locks import lock_user
 from space.errors import (
     AccessRevoked,
     ExportExpired,
     ExportFailed,
     ExportNotReady,
+    ExportQuotaExceeded,
     Forbidden,
     NotFound,
     OrgDeleting,
@@ -89,7 +91,7 @@ async def create_export(
     settings: Settings,
     queue: Queue,
 ) -> Export:
-    """Create an export under the org lock (membership, org state, rate limit), enqueue it after commit.
+    """Create an export under the org lock (membership, org state, quota, rate limits), enqueue it after commit.
 
     `membership` is the caller's as read before the lock; it is read again under it, which decides.
     """
@@ -107,7 +109,22 @@ async def create_export(
     role = Role(membership.role)
     if isinstance(data, SnapshotRequest) and not role.is_staff:
         raise Forbidden("Snapshots are for staff; customers can export their tickets as CSV.")
-    await _rate_limit(session, org.id, user_id, settings.export_rate_limit)
+    # Before the rate limits: a full quota needs the caller to act (delete results); waiting would not help.
+    await _within_quota(session, org.id, settings.org_result_quota_bytes)
+    limit = settings.export_rate_limit
+    _rate_limit(
+        await ledger.usage(session, org.id, user_id),
+        limit,
+        f"At most {limit} exports may be queued, running or started within a minute.",
+    )
+    # The user's exports in every org: the org lock doesn't order requests in other orgs, the user lock does.
+    await lock_user(session, user_id)
+    limit = settings.export_user_rate_limit
+    _rate_limit(
+        await ledger.user_usage(session, user_id),
+        limit,
+        f"At most {limit} exports across all your organizations may be queued, running or started within a minute.",
+    )
     job = await ledger.add(
         session,
         ExportJob(
@@ -122,24 +139,32 @@ async def create_export(
         ),
     )
     export_id = job.id
+    # The queue carries at most the org's concurrency of its exports: the rest wait in the ledger, oldest first,
+    # until an ending export wakes the org (under this lock: exports.maintenance.wake). One org's backlog then
+    # never sits in the queue in front of another org's exports.
+    if await ledger.active(session, org.id) <= settings.export_org_concurrency:
 
-    async def enqueue() -> None:
-        await enqueue_quietly(queue, settings, export_id, org_id)
+        async def enqueue() -> None:
+            await enqueue_quietly(queue, settings, export_id, org_id)
 
-    uow.after_commit(enqueue)
+        uow.after_commit(enqueue)
     return export_out(job, can_download=False)
 
 
-async def _rate_limit(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, limit: int) -> None:
-    usage = await ledger.usage(session, org_id, user_id)
+def _rate_limit(usage: ledger.Usage, limit: int, detail: str) -> None:
     if usage.counted < limit:
         return
     busy = usage.active >= limit or usage.frees_in is None
     wait = BUSY_RETRY_AFTER if busy or usage.frees_in is None else max(1, math.ceil(usage.frees_in))
-    raise RateLimited(
-        f"At most {limit} exports may be queued, running or started within a minute.",
-        headers={"Retry-After": str(wait)},
-    )
+    raise RateLimited(detail, headers={"Retry-After": str(wait)})
+
+
+async def _within_quota(session: AsyncSession, org_id: uuid.UUID, quota: int) -> None:
+    stored = await ledger.stored_bytes(session, org_id)
+    if stored >= quota:
+        raise ExportQuotaExceeded(
+            f"The organization's stored exports use {stored} of its {quota} bytes; delete some to make room."
+        )
 
 
 async def list_exports(session: AsyncSession, org: Organization, membership: Membership | None) -> list[Export]:

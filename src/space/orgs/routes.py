@@ -26,12 +26,14 @@ class OrgController(Controller):
     @post("/")
     async def create(
         self,
+        request: Request[Any, Any, Any],
         data: JSONBody[OrgCreate],
         uow: NamedDependency[UnitOfWork],
         principal: NamedDependency[Principal],
     ) -> Org:
         """Create an organization; the caller becomes its owner."""
-        return await service.create_org(uow, principal, data.name)
+        settings: Settings = request.app.state.settings
+        return await service.create_org(uow, principal, data.name, settings.orgs_per_user)
 
     @get("/")
     async def list_mine(self, uow: NamedDependency[UnitOfWork], principal: NamedDependency[Principal]) -> Items[Org]:

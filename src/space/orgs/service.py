@@ -10,7 +10,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from space.auth.models import User
 from space.auth.service import Principal, user_by_email
 from space.db import Tenant, UnitOfWork
-from space.errors import AlreadyMember, Forbidden, LastOwner, NotFound, OrgDeleting, OrgSuspended
+from space.db.locks import lock_user
+from space.errors import AlreadyMember, Forbidden, LastOwner, NotFound, OrgDeleting, OrgLimitReached, OrgSuspended
 from space.orgs.models import Membership, Organization, OrgState, Role
 from space.orgs.schemas import Member, MemberCreate, Org
 from space.tickets.models import TicketCounter
@@ -49,8 +50,13 @@ async def lock_org(session: AsyncSession, org_id: uuid.UUID) -> Organization:
     return org
 
 
-async def create_org(uow: UnitOfWork, principal: Principal, name: str) -> Org:
-    """Create an org with the caller as its owner."""
+async def create_org(uow: UnitOfWork, principal: Principal, name: str, max_owned: int) -> Org:
+    """Create an org with the caller as its owner, unless they already own `max_owned` (SPEC §14)."""
+    # Two creations by one user are ordered by the user's lock, so both can't see room for one more.
+    await lock_user(uow.session, principal.user_id)
+    owned = await owned_orgs(uow.session, principal.user_id)
+    if owned >= max_owned:
+        raise OrgLimitReached(f"You own {owned} organizations; at most {max_owned} are allowed.")
     org_id = uuid.uuid4()
     await uow.retenant(Tenant(org_id=org_id, user_id=principal.user_id))
     org = Organization(id=org_id, name=name.strip(), state=OrgState.active.value)
@@ -61,6 +67,21 @@ async def create_org(uow: UnitOfWork, principal: Principal, name: str) -> Org:
     await uow.session.flush()
     await uow.session.refresh(org)
     return org_out(org)
+
+
+async def owned_orgs(session: AsyncSession, user_id: uuid.UUID) -> int:
+    """Orgs (not deleted) the user owns; needs the user's tenant context (RLS shows a user only their own)."""
+    n = await session.scalar(
+        select(func.count())
+        .select_from(Membership)
+        .join(Organization, Organization.id == Membership.org_id)
+        .where(
+            Membership.user_id == user_id,
+            Membership.role == Role.owner.value,
+            Organization.state != OrgState.deleted.value,
+        )
+    )
+    return int(n or 0)
 
 
 async def list_orgs(uow: UnitOfWork) -> list[Org]:

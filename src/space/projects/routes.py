@@ -8,8 +8,8 @@ from litestar.params import FromPath, JSONBody
 
 from space.orgs.deps import MEMBER, STAFF, MemberContext, parse_id
 from space.projects import service
-from space.projects.schemas import Project, ProjectCreate, ProjectUpdate, Task, TaskCreate
-from space.schemas import Items
+from space.projects.schemas import Project, ProjectCreate, ProjectPage, ProjectUpdate, Task, TaskCreate, TaskPage
+from space.schemas import DEFAULT_PAGE_SIZE, PageNumber, PageSize
 
 
 class ProjectController(Controller):
@@ -26,9 +26,15 @@ class ProjectController(Controller):
         return await service.create_project(ctx.uow.session, ctx.org.id, data)
 
     @get("/")
-    async def list_projects(self, ctx: NamedDependency[MemberContext]) -> Items[Project]:
-        """Live projects."""
-        return Items(items=await service.list_projects(ctx.uow.session, ctx.org.id))
+    async def list_projects(
+        self,
+        ctx: NamedDependency[MemberContext],
+        page: PageNumber = 1,
+        # Spelled as on the wire: Litestar names a failing query parameter by its Python name.
+        pageSize: PageSize = DEFAULT_PAGE_SIZE,
+    ) -> ProjectPage:
+        """A page of the live projects, oldest first."""
+        return await service.list_projects(ctx.uow.session, ctx.org.id, page, pageSize)
 
     @get("/{project_id:str}")
     async def get_one(self, ctx: NamedDependency[MemberContext], project_id: FromPath[str]) -> Project:
@@ -55,9 +61,15 @@ class ProjectController(Controller):
         return await service.create_task(ctx.uow.session, ctx.org.id, parse_id(project_id), data)
 
     @get("/{project_id:str}/tasks")
-    async def list_tasks(self, ctx: NamedDependency[MemberContext], project_id: FromPath[str]) -> Items[Task]:
-        """Tasks of a project."""
-        return Items(items=await service.list_tasks(ctx.uow.session, ctx.org.id, parse_id(project_id)))
+    async def list_tasks(
+        self,
+        ctx: NamedDependency[MemberContext],
+        project_id: FromPath[str],
+        page: PageNumber = 1,
+        pageSize: PageSize = DEFAULT_PAGE_SIZE,
+    ) -> TaskPage:
+        """A page of a project's tasks, oldest first."""
+        return await service.list_tasks(ctx.uow.session, ctx.org.id, parse_id(project_id), page, pageSize)
 
 
 router = Router(path="/", route_handlers=[ProjectController])

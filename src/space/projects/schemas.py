@@ -51,6 +51,24 @@ class Task(Output):
     updated_at: dt.datetime
 
 
+class ProjectPage(Output):
+    """One page of the project list, oldest first."""
+
+    items: list[Project]
+    total: int
+    page: int
+    page_size: int
+
+
+class TaskPage(Output):
+    """One page of a project's tasks, oldest first."""
+
+    items: list[Task]
+    total: int
+    page: int
+    page_size: int
+
+
 class TaskCreate(Input):
     """POST /orgs/{orgId}/projects/{projectId}/tasks."""
 

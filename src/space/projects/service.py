@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.errors import NotFound
 from space.projects import models
-from space.projects.schemas import Project, ProjectCreate, Task, TaskCreate, TaskStatus
+from space.projects.schemas import Project, ProjectCreate, ProjectPage, Task, TaskCreate, TaskPage, TaskStatus
 
 
 def project_out(p: models.Project) -> Project:
@@ -39,14 +39,19 @@ async def create_project(session: AsyncSession, org_id: uuid.UUID, data: Project
     return project_out(p)
 
 
-async def list_projects(session: AsyncSession, org_id: uuid.UUID) -> list[Project]:
-    """Live projects, oldest first."""
+async def list_projects(session: AsyncSession, org_id: uuid.UUID, page: int, page_size: int) -> ProjectPage:
+    """One page of the live projects, oldest first."""
+    conds = [models.Project.org_id == org_id, models.Project.deleted_at.is_(None)]
+    total = await session.scalar(select(func.count()).select_from(models.Project).where(*conds))
     rows = await session.execute(
         select(models.Project)
-        .where(models.Project.org_id == org_id, models.Project.deleted_at.is_(None))
+        .where(*conds)
         .order_by(models.Project.created_at, models.Project.id)
+        .offset((page - 1) * page_size)
+        .limit(page_size)
     )
-    return [project_out(p) for p in rows.scalars()]
+    items = [project_out(p) for p in rows.scalars()]
+    return ProjectPage(items=items, total=total or 0, page=page, page_size=page_size)
 
 
 async def get_project(session: AsyncSession, org_id: uuid.UUID, project_id: uuid.UUID) -> Project:
@@ -108,15 +113,22 @@ async def create_task(session: AsyncSession, org_id: uuid.UUID, project_id: uuid
     return task_out(t)
 
 
-async def list_tasks(session: AsyncSession, org_id: uuid.UUID, project_id: uuid.UUID) -> list[Task]:
-    """Tasks of a live project, oldest first."""
+async def list_tasks(
+    session: AsyncSession, org_id: uuid.UUID, project_id: uuid.UUID, page: int, page_size: int
+) -> TaskPage:
+    """One page of a live project's tasks, oldest first."""
     await _live_project(session, org_id, project_id)
+    conds = [models.Task.org_id == org_id, models.Task.project_id == project_id]
+    total = await session.scalar(select(func.count()).select_from(models.Task).where(*conds))
     rows = await session.execute(
         select(models.Task)
-        .where(models.Task.org_id == org_id, models.Task.project_id == project_id)
+        .where(*conds)
         .order_by(models.Task.created_at, models.Task.id)
+        .offset((page - 1) * page_size)
+        .limit(page_size)
     )
-    return [task_out(t) for t in rows.scalars()]
+    items = [task_out(t) for t in rows.scalars()]
+    return TaskPage(items=items, total=total or 0, page=page, page_size=page_size)
 
 
 async def _live_project(

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from litestar import Controller, Router, get, patch, post
 from litestar.di import NamedDependency
-from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+from litestar.params import FromPath, FromQuery, JSONBody
 
 from space.orgs.deps import MEMBER, STAFF, MemberContext
+from space.schemas import DEFAULT_PAGE_SIZE, PageNumber, PageSize
 from space.tickets import service
 from space.tickets.filters import Assignment, Priority, TicketStatus, parse_filters
-from space.tickets.schemas import (
-    DEFAULT_PAGE_SIZE,
-    MAX_PAGE,
-    MAX_PAGE_SIZE,
-    Ticket,
-    TicketCreate,
-    TicketPage,
-    TicketUpdate,
-)
+from space.tickets.schemas import Ticket, TicketCreate, TicketPage, TicketUpdate
 
 
 class TicketController(Controller):
@@ -43,9 +34,9 @@ class TicketController(Controller):
         assignment: FromQuery[Assignment | None] = None,
         # Checked (length, NUL) by parse_filters, the same check the CSV export's filters get.
         q: FromQuery[str | None] = None,
-        page: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 1,
+        page: PageNumber = 1,
         # Spelled as on the wire: Litestar names a failing query parameter by its Python name.
-        pageSize: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+        pageSize: PageSize = DEFAULT_PAGE_SIZE,
     ) -> TicketPage:
         """A page of tickets matching the filters, by number."""
         raw = {"status": status, "priority": priority, "assignment": assignment, "q": q}

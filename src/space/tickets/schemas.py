@@ -10,11 +10,6 @@ from msgspec import UNSET, UnsetType
 from space.schemas import Body, Input, Output, Title
 from space.tickets.filters import Priority, TicketStatus
 
-MAX_PAGE_SIZE = 200
-DEFAULT_PAGE_SIZE = 50
-# Keeps OFFSET = (page - 1) * pageSize far inside bigint, whatever the caller sends.
-MAX_PAGE = 1_000_000
-
 
 class Ticket(Output):
     """A ticket; `creatorId` is a user id, `assigneeId` a membership id."""
