@@ -97,4 +97,4 @@ class ExportController(Controller):
             "Content-Length": str(download.byte_size),
             "ETag": f'"{download.sha256}"',
         }
-        return Stream(download.chunks, media_type=download.media_type, headers=headers)
+        return Stream(download.body(), media_type=download.media_type, headers=headers)
