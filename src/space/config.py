@@ -44,6 +44,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Attempts (SAQ counts attempts: 1 means no retry)."""
     deletion_grace_seconds: NonNegativeInt = 604_800
     worker_concurrency: PositiveInt = 2
+    download_concurrency: PositiveInt = 64
+    """Downloads one API process streams at once; beyond it, 503 busy."""
 
 
 # Environment variable -> Settings field. Only these are read; everything else in the environment is ignored.
@@ -65,6 +67,7 @@ ENV_VARS: dict[str, str] = {
     "SPACE_EXPORT_RETRIES": "export_retries",
     "SPACE_DELETION_GRACE_SECONDS": "deletion_grace_seconds",
     "SPACE_WORKER_CONCURRENCY": "worker_concurrency",
+    "SPACE_DOWNLOAD_CONCURRENCY": "download_concurrency",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"
