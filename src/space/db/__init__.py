@@ -2,7 +2,7 @@
 
 from space.db.driver import compiled, driver_connection, server_version
 from space.db.engine import APP_ROLE, QUEUE_ROLE, Database, app_url, queue_conninfo, sync_url
-from space.db.uow import Tenant, UnitOfWork, set_tenant
+from space.db.uow import Tenant, UnitOfWork, set_tenant, tenant_statement
 
 __all__ = [
     "APP_ROLE",
@@ -17,4 +17,5 @@ __all__ = [
     "server_version",
     "set_tenant",
     "sync_url",
+    "tenant_statement",
 ]
