@@ -61,8 +61,8 @@ TICKETS = 12_000
 TITLE_REPEAT = 64
 """Each ticket's title is 64 md5 digests (2 KiB): the result is about 25 MiB, far more than socket buffers."""
 SLACK = 4 * READ_PIECE_BYTES
-"""What the server may hold in its own write buffer beyond what the kernel took: asyncio pauses the writer above
-64 KiB, plus the piece that crossed it (two pieces; four leave room)."""
+"""What the server may hold in its own write buffer beyond what the kernel took: up to asyncio's 64 KiB
+high-water mark plus the piece that crossed it (four pieces leave room, and stay well under a part)."""
 RCVBUF = 64 * 1024
 """The test client's socket receive buffer (set before connecting, so it does not grow)."""
 QUIET_POLLS = 20

@@ -33,7 +33,7 @@ from space.exports.models import ExportChunk
 
 READ_PART_BYTES = 1024 * 1024
 """A download reads at most this many bytes of a chunk per query: one part, all it holds at a time."""
-READ_PIECE_BYTES = 64 * 1024
+READ_PIECE_BYTES = 128 * 1024
 """A part comes back cut into rows of this size, each handed to the server as it is (see `PgResultStore.read`)."""
 
 T = TypeVar("T")
