@@ -13,11 +13,15 @@ Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a
    owner's rate limits raised for this phase only), then a small org (1,000 tickets) asks for one; its
    waiting time is startedAt - createdAt from the ledger, beside how many backlog exports were still queued
    when it asked and how many started while it waited;
-4. `space up` (API and worker in one process, one event loop): the 1M tickets export again while the
+4. many downloads at once through one `space api` (SPACE_DOWNLOAD_CONCURRENCY raised to 100 so that none is
+   refused: the cases measure what a download costs, not the cap) of a ~40 MB CSV (the 1M org's unassigned
+   tickets), over plain sockets: 100 that stop reading after their first part (the API's resident set with
+   all of them stalled, minus before), then 20 read in full at once (aggregate throughput, peak RSS);
+5. `space up` (API and worker in one process, one event loop): the 1M tickets export again while the
    status route is polled back to back; its latencies show whether the export blocks the event loop.
 
 Prints one line per case (and the fairness line) on stdout and writes them to benchmarks/results/latest.json
-(fairness: results/fairness.json); progress and the status-route latencies go to stderr (and
+(fairness: results/fairness.json; the download cases: results/downloads.json); progress and the status-route latencies go to stderr (and
 results/status_latency.json).
 
     python -m benchmarks.run [--tickets 1000000] [--small-tickets 100000] [--tasks 1000000]
@@ -37,7 +41,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -52,6 +56,7 @@ from space.config import load_settings
 from space.db import Database, app_url
 from space.db.migrate import upgrade
 from space.demo import seed_org
+from space.exports.storage import READ_PART_BYTES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TIMEOUT = 600.0
@@ -135,10 +140,10 @@ def free_port() -> int:
         return port
 
 
-def spawn(command: str, url: str, port: int, settings: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """`space <command>` as a child process on the given database, with default settings (or these)."""
+def spawn(command: str, url: str, port: int, **settings: str) -> subprocess.Popen[bytes]:
+    """`space <command>` as a child process on the given database, with default settings unless given."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
-    env.update({"DATABASE_URL": url, "SPACE_PORT": str(port), "SPACE_HOST": "127.0.0.1", **(settings or {})})
+    env.update({"DATABASE_URL": url, "SPACE_PORT": str(port), "SPACE_HOST": "127.0.0.1", **settings})
     return subprocess.Popen(
         [sys.executable, "-c", "from space.cli import main; main()", command],
         env=env,
@@ -157,6 +162,11 @@ def _status(proc: subprocess.Popen[bytes], field: str) -> float:
 def peak_rss_mib(proc: subprocess.Popen[bytes]) -> float:
     """VmHWM (peak resident set since the last reset) of a live child, from /proc."""
     return _status(proc, "VmHWM")
+
+
+def rss_mib(proc: subprocess.Popen[bytes]) -> float:
+    """VmRSS (resident set now) of a live child, from /proc."""
+    return _status(proc, "VmRSS")
 
 
 def reset_peak_rss(proc: subprocess.Popen[bytes]) -> None:
@@ -216,7 +226,13 @@ def _ts(value: str) -> float:
 
 
 async def create_and_wait(
-    client: httpx.AsyncClient, org: Org, role: str, kind: str, *, poll: float = 0.25
+    client: httpx.AsyncClient,
+    org: Org,
+    role: str,
+    kind: str,
+    *,
+    poll: float = 0.25,
+    filters: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], list[float]]:
     """Create an export as `role`, poll its status until it finishes. Returns it and each poll's latency.
 
@@ -224,7 +240,8 @@ async def create_and_wait(
     keeps the API from taking CPU from the export.
     """
     auth = {"Authorization": f"Bearer {org.people[role]}"}
-    r = await client.post(f"/orgs/{org.id}/exports", json={"kind": kind}, headers=auth)
+    body: dict[str, Any] = {"kind": kind, **({"filters": filters} if filters else {})}
+    r = await client.post(f"/orgs/{org.id}/exports", json=body, headers=auth)
     r.raise_for_status()
     export_id = r.json()["id"]
     latencies: list[float] = []
@@ -343,7 +360,7 @@ async def fairness(url: str, busy: Org, small: Org) -> dict[str, Any]:
     # One user (who ran a case a moment ago) queues the whole backlog: the rate limits are raised for this API
     # process only.
     limits = {"SPACE_EXPORT_RATE_LIMIT": str(2 * BACKLOG), "SPACE_EXPORT_USER_RATE_LIMIT": str(2 * BACKLOG)}
-    api = spawn("api", url, port, limits)
+    api = spawn("api", url, port, **limits)
     worker = spawn("worker", url, port)
     auth = {"Authorization": f"Bearer {busy.people['owner']}"}
     try:
@@ -435,7 +452,192 @@ async def poll_idle(client: httpx.AsyncClient, org: Org, role: str, export_id: s
     return out
 
 
-async def run(tickets: int, small_tickets: int, tasks: int) -> tuple[list[Case], dict[str, Any], dict[str, Any]]:
+STALLED = 100
+"""Downloads held open at once, each stopped after its first part."""
+PARALLEL = 20
+"""Downloads read in full at once."""
+PART = READ_PART_BYTES
+"""What a stalled download reads before it stops: the API's part."""
+DOWNLOAD_FILTERS = {"assignment": "unassigned"}
+"""A third of the 1M tickets: a CSV of about 42 MB (40 MiB), the result the download cases move."""
+DOWNLOAD_CONCURRENCY = max(STALLED, PARALLEL)
+"""The download phase's API runs with SPACE_DOWNLOAD_CONCURRENCY at this, above the default 64, so that all
+the stalled downloads stream together: the case measures what each costs, not the cap."""
+
+
+class RawGet:
+    """A GET on a plain socket that reads only as far as told (a stalled client), or to the end cheaply."""
+
+    def __init__(self, sock: socket.socket, status: int, length: int, received: int) -> None:
+        self.sock = sock
+        self.status = status
+        self.length = length
+        self.received = received
+        self.ports = (sock.getpeername()[1], sock.getsockname()[1])
+
+    @classmethod
+    async def open(cls, port: int, path: str, token: str) -> RawGet:
+        """Connect, send the request, read the headers (and whatever body came with them)."""
+        loop = asyncio.get_running_loop()
+        sock = socket.socket()
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", port))
+        await loop.sock_sendall(
+            sock, f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+        )
+        raw = b""
+        while b"\r\n\r\n" not in raw:
+            data = await loop.sock_recv(sock, 65536)
+            if not data:
+                raise RuntimeError(f"closed before the headers: {raw!r}")
+            raw += data
+        head, _, body = raw.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        return cls(sock, int(lines[0].split()[1]), int(headers.get("content-length", 0)), len(body))
+
+    async def read(self, upto: int) -> int:
+        """Read (and drop) body bytes until `upto` of them have arrived in all; the total so far."""
+        loop = asyncio.get_running_loop()
+        buf = bytearray(PART)
+        while self.received < upto:
+            n = await loop.sock_recv_into(self.sock, memoryview(buf)[: min(PART, upto - self.received)])
+            if not n:
+                break
+            self.received += n
+        return self.received
+
+    def close(self) -> None:
+        """Close the connection (unread data: the kernel resets it)."""
+        self.sock.close()
+
+
+def send_queues(ports: set[tuple[int, int]]) -> int:
+    """Bytes waiting in the send queues of these (local, remote) server-side sockets (/proc/net/tcp)."""
+    total = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        pair = tuple(int(a.rsplit(":", 1)[1], 16) for a in fields[1:3])
+        if pair in ports:
+            total += int(fields[4].split(":")[0], 16)
+    return total
+
+
+async def still(sample: Any, what: str, polls: int = 10, every: float = 0.1) -> None:
+    """Until `sample()` gives the same value `polls` times in a row (a stalled download is the absence of
+    progress); at most 60 s."""
+    last, same, deadline = None, 0, time.monotonic() + 60
+    while same < polls:
+        if time.monotonic() > deadline:
+            log(f"{what}: still moving after 60 s, measured anyway")
+            return
+        now = sample()
+        same, last = (same + 1 if now == last else 0), now
+        await asyncio.sleep(every)
+
+
+async def downloads(url: str, org: Org) -> list[dict[str, Any]]:
+    """The ~40 MB CSV built once; then each download case in an API process of its own."""
+    port = free_port()
+    api, worker = spawn("api", url, port), spawn("worker", url, port)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
+            await wait_healthy(client, api)
+            # The member: the other cases' exports count against the owner's and the admin's rate limits.
+            status, _ = await create_and_wait(client, org, "member", "tickets_csv", filters=DOWNLOAD_FILTERS)
+    finally:
+        stop(worker)
+        stop(api)
+    result = (f"/orgs/{org.id}/exports/{status['id']}/result", org.people["member"], int(status["byteSize"]))
+    return [await stalled_downloads(url, *result), await parallel_downloads(url, *result)]
+
+
+@contextlib.asynccontextmanager
+async def download_api(
+    url: str, path: str, token: str, size: int
+) -> AsyncIterator[tuple[subprocess.Popen[bytes], int]]:
+    """A fresh `space api` with the raised cap, warmed up by one full download (pools, arenas), and its port.
+
+    A process per case: the allocator seldom gives memory back, so a case run after another would start
+    from the other's high-water mark.
+    """
+    port = free_port()
+    api = spawn("api", url, port, SPACE_DOWNLOAD_CONCURRENCY=str(DOWNLOAD_CONCURRENCY))
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
+            await wait_healthy(client, api)
+        warm = await RawGet.open(port, path, token)
+        try:
+            assert await warm.read(warm.length) == size
+        finally:
+            warm.close()
+        await still(lambda: rss_mib(api), "the API after its warm-up")
+        yield api, port
+    finally:
+        stop(api)
+
+
+async def stalled_downloads(url: str, path: str, token: str, size: int) -> dict[str, Any]:
+    """STALLED downloads held open, each stopped after its first part: how much the API's resident set grows."""
+    log(f"stalled_downloads: {STALLED} downloads of {size} bytes, each stopped after its first part ...")
+    async with download_api(url, path, token, size) as (api, port):
+        before = rss_mib(api)
+        reset_peak_rss(api)
+        held = [await RawGet.open(port, path, token) for _ in range(STALLED)]
+        try:
+            for g in held:
+                await g.read(PART)
+            ports = {g.ports for g in held}
+            # Stalled: every server socket's send queue full (the kernel takes no more) and the API still.
+            await still(lambda: (send_queues(ports), rss_mib(api)), "stalled_downloads")
+            stalled = rss_mib(api)
+            return {
+                "case": "stalled_downloads",
+                "downloads": STALLED,
+                "refused": sum(g.status != 200 for g in held),
+                "result_mib": round(size / 2**20, 1),
+                "download_concurrency": DOWNLOAD_CONCURRENCY,
+                "api_rss_before_mib": round(before, 1),
+                "api_rss_stalled_mib": round(stalled, 1),
+                "api_rss_growth_mib": round(stalled - before, 1),
+                "api_peak_rss_mib": round(peak_rss_mib(api), 1),
+            }
+        finally:
+            for g in held:
+                g.close()
+
+
+async def parallel_downloads(url: str, path: str, token: str, size: int) -> dict[str, Any]:
+    """PARALLEL full downloads at once: aggregate throughput and the API's peak resident set."""
+    log(f"parallel_downloads: {PARALLEL} full downloads of {size} bytes at once ...")
+    async with download_api(url, path, token, size) as (api, port):
+
+        async def full() -> int:
+            g = await RawGet.open(port, path, token)
+            try:
+                return await g.read(g.length) if g.status == 200 else -1
+            finally:
+                g.close()
+
+        reset_peak_rss(api)
+        started = time.perf_counter()
+        sizes = await asyncio.gather(*(full() for _ in range(PARALLEL)))
+        seconds = time.perf_counter() - started
+        assert sizes == [size] * PARALLEL, sizes
+        return {
+            "case": "parallel_downloads",
+            "downloads": PARALLEL,
+            "result_mib": round(size / 2**20, 1),
+            "download_concurrency": DOWNLOAD_CONCURRENCY,
+            "seconds": round(seconds, 3),
+            "throughput_mib_s": round(PARALLEL * size / 2**20 / seconds, 1),
+            "api_peak_rss_mib": round(peak_rss_mib(api), 1),
+        }
+
+
+async def run(
+    tickets: int, small_tickets: int, tasks: int
+) -> tuple[list[Case], dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     """Every case, in one run against a fresh database."""
     with server() as admin, fresh_database(admin) as url, tempfile.TemporaryDirectory() as tmp:
         with psycopg.connect(url) as conn:
@@ -461,10 +663,11 @@ async def run(tickets: int, small_tickets: int, tasks: int) -> tuple[list[Case],
         cases, cases_export_ids = await separate_processes(url, orgs, plan, Path(tmp))
         log(f"fairness: {BACKLOG} exports queued in Bench100k, then one in BenchSmall ...")
         fair = await fairness(url, orgs["Bench100k"], orgs["BenchSmall"])
+        many = await downloads(url, orgs["Bench1M"])
         log("space up: the tickets export in the HTTP process, status polled back to back ...")
         latency = await in_process(url, orgs["Bench1M"], cases_export_ids[-1])
         log(" ".join(f"{k}={v}" for k, v in latency.items()))
-    return cases, fair, latency
+    return cases, fair, latency, many
 
 
 def _size(n: int) -> str:
@@ -478,13 +681,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--small-tickets", type=int, default=100_000, help="tickets of the small case (100000)")
     parser.add_argument("--tasks", type=int, default=1_000_000, help="tasks in the snapshot (1000000)")
     args = parser.parse_args(argv)
-    cases, fair, latency = asyncio.run(run(args.tickets, args.small_tickets, args.tasks))
+    cases, fair, latency, many = asyncio.run(run(args.tickets, args.small_tickets, args.tasks))
     for case in cases:
         print(case.line())
     print(" ".join(f"{k}={_fmt(v)}" for k, v in fair.items()))
+    for line in many:
+        print(" ".join(f"{k}={_fmt(v)}" for k, v in line.items()))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "fairness.json").write_text(json.dumps(fair, indent=2) + "\n")
     (RESULTS / "latest.json").write_text(json.dumps([asdict(c) for c in cases], indent=2) + "\n")
+    (RESULTS / "downloads.json").write_text(json.dumps(many, indent=2) + "\n")
     (RESULTS / "status_latency.json").write_text(json.dumps(latency, indent=2) + "\n")
 
 

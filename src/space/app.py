@@ -15,6 +15,7 @@ from space.auth.middleware import AUTHENTICATION
 from space.config import Settings
 from space.db import Database, app_url, check_app_role
 from space.errors import EXCEPTION_HANDLERS
+from space.exports.downloads import DownloadSlots
 from space.exports.queue import make_queue
 from space.exports.routes import ExportController
 from space.orgs.routes import router as orgs_router
@@ -55,6 +56,7 @@ def create_app(settings: Settings) -> Litestar:
         app.state.db = db
         app.state.settings = settings
         app.state.queue = queue
+        app.state.download_slots = DownloadSlots(settings.download_concurrency)
         try:
             # SPEC §14: a role that could see past RLS stops start-up (AppRoleError) before any request.
             async with db.engine.connect() as conn:

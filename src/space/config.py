@@ -56,6 +56,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Exports of one org that run at once, over all workers."""
     api_statement_timeout_ms: PositiveInt = 5_000
     """statement_timeout of the API's database connections, in milliseconds."""
+    download_concurrency: PositiveInt = 64
+    """Downloads one API process streams at once; beyond it, 503 busy."""
 
 
 # Environment variable -> Settings field. Only these are read; everything else in the environment is ignored.
@@ -83,6 +85,7 @@ ENV_VARS: dict[str, str] = {
     "SPACE_ORG_RESULT_QUOTA_BYTES": "org_result_quota_bytes",
     "SPACE_EXPORT_ORG_CONCURRENCY": "export_org_concurrency",
     "SPACE_API_STATEMENT_TIMEOUT_MS": "api_statement_timeout_ms",
+    "SPACE_DOWNLOAD_CONCURRENCY": "download_concurrency",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"

@@ -113,6 +113,10 @@ TIMEOUT_RETRY_AFTER = 5
 """Seconds a client is asked to wait before repeating a request that hit the database's time bound."""
 
 
+class Busy(SpaceError):
+    status, code, title = 503, "busy", "Too many downloads at once"
+
+
 class Problem(msgspec.Struct, omit_defaults=True):
     """RFC 9457 body; `code` is the machine-readable reason."""
 
@@ -154,8 +158,13 @@ _CODES_BY_STATUS = {
 }
 
 
-def _space_error(_: Request[Any, Any, Any], exc: SpaceError) -> Response[Problem]:
+def problem_for(exc: SpaceError) -> Response[Problem]:
+    """The problem+json response of a SpaceError (also for answers sent outside a handler, like a busy download)."""
     return problem(exc.status, exc.code, exc.title, exc.detail, exc.headers, **exc.extra)
+
+
+def _space_error(_: Request[Any, Any, Any], exc: SpaceError) -> Response[Problem]:
+    return problem_for(exc)
 
 
 def _validation_error(_: Request[Any, Any, Any], exc: ValidationException) -> Response[Problem]:

@@ -12,7 +12,7 @@ from space.db.engine import (
     queue_conninfo,
     sync_url,
 )
-from space.db.uow import Tenant, UnitOfWork, set_tenant
+from space.db.uow import Tenant, UnitOfWork, set_tenant, tenant_statement
 
 __all__ = [
     "APP_ROLE",
@@ -30,4 +30,5 @@ __all__ = [
     "server_version",
     "set_tenant",
     "sync_url",
+    "tenant_statement",
 ]

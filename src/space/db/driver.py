@@ -10,12 +10,12 @@ from typing import Any, cast
 
 import psycopg
 from sqlalchemy import ClauseElement, func, select
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 
-async def driver_connection(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
-    """The psycopg connection under the session, inside the session's open transaction."""
-    connection = await session.connection()
+async def driver_connection(source: AsyncSession | AsyncConnection) -> psycopg.AsyncConnection[Any]:
+    """The psycopg connection under a session (inside its open transaction) or under a pooled connection."""
+    connection = await source.connection() if isinstance(source, AsyncSession) else source
     raw = await connection.get_raw_connection()
     return cast(psycopg.AsyncConnection[Any], raw.driver_connection)
 

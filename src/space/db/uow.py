@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Self
 
-from sqlalchemy import text
+from sqlalchemy import Dialect, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 Isolation = Literal["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"]
@@ -29,15 +30,26 @@ _SET_TENANT = text(
 )
 
 
-async def set_tenant(conn: AsyncSession | AsyncConnection, tenant: Tenant) -> None:
-    """Set the RLS context for the current transaction only (is_local = true): it ends with it."""
-
+def _tenant_params(tenant: Tenant) -> dict[str, str]:
     def s(v: uuid.UUID | None) -> str:
         return "" if v is None else str(v)
 
-    await conn.execute(
-        _SET_TENANT, {"org": s(tenant.org_id), "user": s(tenant.user_id), "customer": s(tenant.customer_id)}
-    )
+    return {"org": s(tenant.org_id), "user": s(tenant.user_id), "customer": s(tenant.customer_id)}
+
+
+async def set_tenant(conn: AsyncSession | AsyncConnection, tenant: Tenant) -> None:
+    """Set the RLS context for the current transaction only (is_local = true): it ends with it."""
+    await conn.execute(_SET_TENANT, _tenant_params(tenant))
+
+
+def tenant_statement(dialect: Dialect, tenant: Tenant) -> tuple[str, dict[str, str]]:
+    """`set_tenant` as the driver's SQL and parameters, for a transaction run on the psycopg connection itself."""
+    return _driver_sql(dialect), _tenant_params(tenant)
+
+
+@functools.cache
+def _driver_sql(dialect: Dialect) -> str:
+    return str(_SET_TENANT.compile(dialect=dialect))
 
 
 class UnitOfWork:

@@ -12,11 +12,11 @@ from litestar import Controller, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, JSONBody
-from litestar.response import Stream
 from saq import Queue
 
 from space.config import Settings
 from space.exports import service
+from space.exports.downloads import DownloadSlots, DownloadStream
 from space.exports.schemas import Export, ExportCreate
 from space.exports.storage import PgResultStore, ResultStore
 from space.orgs.deps import MEMBER, MemberContext, parse_id
@@ -32,6 +32,12 @@ def provide_queue(state: State) -> Queue:
 def provide_store(state: State) -> ResultStore:
     """The result store on the app's database."""
     return PgResultStore(state.db.sessionmaker)
+
+
+def provide_download_slots(state: State) -> DownloadSlots:
+    """This process's download slots (SPEC §11's per-process cap)."""
+    slots: DownloadSlots = state.download_slots
+    return slots
 
 
 def provide_settings(state: State) -> Settings:
@@ -50,6 +56,7 @@ class ExportController(Controller):
         "queue": Provide(provide_queue, sync_to_thread=False),
         "store": Provide(provide_store, sync_to_thread=False),
         "settings": Provide(provide_settings, sync_to_thread=False),
+        "slots": Provide(provide_download_slots, sync_to_thread=False),
     }
     opt = {"state_exempt": True, "allow_former_member": True}
 
@@ -84,9 +91,13 @@ class ExportController(Controller):
 
     @get("/{export_id:str}/result")
     async def result(
-        self, ctx: NamedDependency[MemberContext], export_id: FromPath[str], store: NamedDependency[ResultStore]
-    ) -> Stream:
-        """Download the result, authorized again now (SPEC §6), streamed from storage."""
+        self,
+        ctx: NamedDependency[MemberContext],
+        export_id: FromPath[str],
+        store: NamedDependency[ResultStore],
+        slots: NamedDependency[DownloadSlots],
+    ) -> DownloadStream:
+        """Download the result, authorized again now (SPEC §6), streamed from storage in a download slot."""
         download = await service.open_result(
             ctx.uow.session, ctx.org, ctx.principal.user_id, ctx.membership, parse_id(export_id), store
         )
@@ -97,4 +108,4 @@ class ExportController(Controller):
             "Content-Length": str(download.byte_size),
             "ETag": f'"{download.sha256}"',
         }
-        return Stream(download.chunks, media_type=download.media_type, headers=headers)
+        return DownloadStream(download.body(), slots=slots, media_type=download.media_type, headers=headers)

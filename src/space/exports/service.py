@@ -225,13 +225,20 @@ async def has_recent_final_export(
 
 @dataclass(frozen=True)
 class Download:
-    """An authorized download: headers' facts and the chunk stream."""
+    """An authorized download: headers' facts, and where its bytes are."""
 
     export_id: uuid.UUID
     kind: ExportKind
     byte_size: int
     sha256: str
-    chunks: AsyncIterator[bytes]
+    key: ResultKey
+    store: ResultStore
+
+    def body(self, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+        """Bytes `start` to `end` (exclusive, default: the whole result) as they stream from storage, one part at
+        a time; a result that ends short of them aborts (ResultMissing)."""
+        stop = self.byte_size if end is None else end
+        return _checked(self.store.read(self.key, start, stop), stop - start)
 
     @property
     def media_type(self) -> str:
@@ -272,7 +279,7 @@ async def open_result(
         raise ExportExpired("The export's result has expired.")
     assert job.execution_id is not None and job.byte_size is not None and job.sha256 is not None
     key = ResultKey(job.org_id, job.id, job.execution_id)
-    return Download(job.id, ExportKind(job.kind), job.byte_size, job.sha256, _checked(store.read(key), job.byte_size))
+    return Download(job.id, ExportKind(job.kind), job.byte_size, job.sha256, key, store)
 
 
 async def _checked(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:

@@ -9,8 +9,9 @@ a slow client reads, and a worker's chunk writes never wait on its long read tra
 
 Memory: libpq keeps a connection's buffers at the size of the largest message it ever carried, and pooled
 connections live on. So a chunk never travels as one message on a pooled connection: the worker writes an
-execution's chunks on a connection of their own, dropped afterwards, and a download reads each chunk as
-1 MiB rows. The worker's and the API's memory stays the same however many chunks have passed.
+execution's chunks on a connection of their own, dropped afterwards, and a download reads one part (at most
+1 MiB of a chunk) per query. The worker's and the API's memory stays the same however many chunks have passed,
+and a download holds one part at a time however slowly its client reads (SPEC §11).
 """
 
 from __future__ import annotations
@@ -19,19 +20,23 @@ import asyncio
 import contextlib
 import hashlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sqlalchemy import delete, insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from space.db import Tenant, UnitOfWork, driver_connection, set_tenant
+from space.db import Tenant, UnitOfWork, driver_connection, set_tenant, tenant_statement
 from space.exports.failures import ExportFailure
 from space.exports.models import ExportChunk
 
 READ_PART_BYTES = 1024 * 1024
-"""A stored chunk comes back to a download in rows of at most this many bytes."""
+"""A download reads at most this many bytes of a chunk per query: one part, all it holds at a time."""
+READ_PIECE_BYTES = 128 * 1024
+"""A part comes back cut into rows of this size, each handed to the server as it is (see `PgResultStore.read`)."""
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -71,8 +76,10 @@ class ResultStore(Protocol):
         """Delete every chunk of an execution; returns how many were removed."""
         ...
 
-    def read(self, key: ResultKey) -> AsyncIterator[bytes]:
-        """Yield an execution's bytes in order, a bounded piece at a time."""
+    def read(self, key: ResultKey, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+        """Yield bytes `start` to `end` (exclusive; None: the last stored byte) of an execution, in order, a
+        bounded part at a time, each read only when the consumer asks for more. A missing chunk before `end`
+        raises ResultMissing."""
         ...
 
 
@@ -81,15 +88,22 @@ class ResultStore(Protocol):
 # unpublished execution's chunks, which nobody can read anyway.
 _ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 
-# Chunk :seq as rows of :part bytes. `data || ''` detoasts (and decompresses) the value once; the substrings
-# then cut that copy. An empty chunk is one empty row. The lookup is by the whole primary key: never a plan
-# that would detoast other chunks first. The parts are put in order here (an ORDER BY would sort megabytes).
-_READ_CHUNK = """
-SELECT o, substring(c.d FROM o FOR %(part)s)
-FROM (SELECT data || ''::bytea AS d FROM export_chunks
+# One part of chunk :seq: :len bytes from byte :pos (1-based), cut into rows of :piece bytes, with the chunk's
+# length. `substring` detoasts only the slice it needs: an uncompressed or pglz value is fetched up to the
+# slice's end; an lz4 value is fetched whole (lz4 can't tell how much input a prefix needs) and decompressed up
+# to the slice's end. `OFFSET 0` keeps the slice computed once, not once per row; `length` reads the stored
+# size without detoasting. The lookup is by the whole primary key, so no plan detoasts another chunk. The rows
+# are put in order in Python (an ORDER BY would sort the part). An empty chunk is one empty row.
+_READ_PART = """
+SELECT p.size, o, substring(p.d FROM o FOR %(piece)s)
+FROM (SELECT length(data) AS size, substring(data FROM %(pos)s FOR %(len)s) AS d FROM export_chunks
       WHERE export_id = %(export)s AND execution_id = %(execution)s AND seq = %(seq)s AND org_id = %(org)s
-      OFFSET 0) AS c,
-     generate_series(1, greatest(length(c.d), 1), %(part)s) AS o
+      OFFSET 0) AS p,
+     generate_series(1, greatest(length(p.d), 1), %(piece)s) AS o
+"""
+_CHUNK_SIZE = """
+SELECT length(data) FROM export_chunks
+WHERE export_id = %(export)s AND execution_id = %(execution)s AND seq = 0 AND org_id = %(org)s
 """
 _LATER_CHUNK = """
 SELECT 1 FROM export_chunks
@@ -120,9 +134,16 @@ class _PgSink:
 class PgResultStore:
     """`ResultStore` on the `export_chunks` table (bytea, lz4-compressed by PostgreSQL when it can: see 0004)."""
 
-    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], *, part_bytes: int = READ_PART_BYTES) -> None:
+    def __init__(
+        self,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        *,
+        part_bytes: int = READ_PART_BYTES,
+        piece_bytes: int = READ_PIECE_BYTES,
+    ) -> None:
         self._sessionmaker = sessionmaker
         self._part_bytes = part_bytes
+        self._piece_bytes = min(piece_bytes, part_bytes)
 
     def _uow(self, key: ResultKey) -> UnitOfWork:
         return UnitOfWork(self._sessionmaker, Tenant(org_id=key.org_id))
@@ -159,44 +180,85 @@ class PgResultStore:
             )
             return int(getattr(result, "rowcount", 0) or 0)
 
-    async def read(self, key: ResultKey) -> AsyncIterator[bytes]:
-        """Chunk after chunk (0, 1, 2, ...), each in its own short transaction, the next one read while this
-        one is sent: two chunks in memory at most."""
-        ahead = asyncio.create_task(self._chunk(key, 0))
-        try:
-            seq = 0
-            while parts := await ahead:
-                seq += 1
-                ahead = asyncio.create_task(self._chunk(key, seq))
-                for part in parts:
-                    yield part
-        finally:
-            if not ahead.done():
-                ahead.cancel()
-                with contextlib.suppress(BaseException):
-                    await ahead
+    async def read(self, key: ResultKey, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+        """Bytes `start` to `end` of an execution, one part (at most `part_bytes` of one chunk) per short
+        transaction, the next part read only when the consumer has taken every piece of this one.
 
-    async def _chunk(self, key: ResultKey, seq: int) -> list[bytes]:
-        """Chunk `seq` as parts; [] after the last one. A gap (a later chunk exists) is ResultMissing."""
-        params = {
+        No read-ahead: the server hands a piece to the socket and asks for the next one while the kernel is still
+        sending it, so a stalled client holds at most this part and the server's write buffer, and its database
+        reads stop within one part. Chunks have one size (the first one's) except the last, so an offset is a
+        chunk number and a position in it; that size is read from the table, not from today's settings.
+        """
+        seq, pos, offset = 0, start, start
+        if start:
+            first = await _finished(self._query(key, _CHUNK_SIZE))
+            if not first or not first[0][0]:
+                raise ResultMissing(f"export {key.export_id} has no stored byte {start}")
+            seq, pos = divmod(start, int(first[0][0]))
+        while end is None or offset < end:
+            length = self._part_bytes if end is None else min(self._part_bytes, end - offset)
+            rows = await _finished(self._query(key, _READ_PART, seq=seq, pos=pos + 1, len=length))
+            if not rows:
+                if end is None and not await _finished(self._query(key, _LATER_CHUNK, seq=seq)):
+                    return
+                raise ResultMissing(f"chunk {seq} of export {key.export_id} is missing")
+            chunk_size = int(rows[0][0])
+            # Hand the pieces out oldest first and drop each once taken: a stalled client pins only what is left.
+            rows.sort(key=lambda row: int(row[1]), reverse=True)
+            pieces: list[bytes] = [row[2] for row in rows]
+            del rows
+            taken = 0
+            while pieces:
+                piece = pieces.pop()
+                taken += len(piece)
+                if piece:
+                    yield piece
+            pos, offset = pos + taken, offset + taken
+            if pos >= chunk_size:
+                seq, pos = seq + 1, 0
+
+    async def _query(self, key: ResultKey, query: str, **params: int) -> list[tuple[Any, ...]]:
+        """One read-only statement in its own short transaction under the org's context, rows in binary.
+
+        A download runs one per part, so the transaction is one round trip: BEGIN, the tenant setting (still
+        transaction-local), the query and COMMIT go out as one psycopg pipeline. Through a unit of work they
+        would be four round trips and about twice the API's CPU per part; nothing here writes, so there is
+        nothing for a unit of work to commit.
+        """
+        bound = {
             "org": key.org_id,
             "export": key.export_id,
             "execution": key.execution_id,
-            "part": self._part_bytes,
-            "seq": seq,
+            "piece": self._piece_bytes,
+            **params,
         }
-        async with self._uow(key) as uow:
-            conn = await driver_connection(uow.session)
+        engine: AsyncEngine = self._sessionmaker.kw["bind"]
+        tenant_sql, tenant_params = tenant_statement(engine.dialect, Tenant(org_id=key.org_id))
+        async with engine.connect() as pooled:
+            conn = await driver_connection(pooled)
             # Binary: the bytes come as they are stored, not as hex text twice their size.
-            async with conn.cursor(binary=True) as cur:
-                await cur.execute(_READ_CHUNK, params)
-                rows = await cur.fetchall()
-                if not rows:
-                    await cur.execute(_LATER_CHUNK, params)
-                    if await cur.fetchone() is not None:
-                        raise ResultMissing(f"chunk {seq} of export {key.export_id} is missing")
-        rows.sort(key=lambda row: int(row[0]))
-        return [part for _, part in rows]
+            async with conn.cursor() as tenant, conn.cursor(binary=True) as cur:
+                async with conn.pipeline(), conn.transaction():
+                    await tenant.execute(tenant_sql, tenant_params)
+                    await cur.execute(query, bound)
+                return await cur.fetchall()
+
+
+async def _finished(coro: Coroutine[Any, Any, T]) -> T:
+    """Await `coro` in a task of its own that a cancellation of the caller does not interrupt.
+
+    A download is cancelled when its client goes away; its query in flight then still ends its transaction and
+    hands its connection back to the pool (an interrupted one would be lost), and its result is dropped.
+    """
+    task = asyncio.ensure_future(coro)
+    task.add_done_callback(_retrieved)
+    return await asyncio.shield(task)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    # Nobody awaits a shielded task whose caller was cancelled: take its exception so none is reported as lost.
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass
