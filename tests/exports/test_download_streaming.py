@@ -35,18 +35,16 @@ from typing import TYPE_CHECKING
 import httpx
 import psycopg
 import pytest
-from psycopg import sql
-from sqlalchemy import make_url, text
+from sqlalchemy import text
 
 from space.config import Settings, load_settings
 from space.db import Database, Tenant, UnitOfWork, app_url
-from space.db.migrate import upgrade
 from space.exports.downloads import BUSY_RETRY_AFTER
 from space.exports.pipeline import run_export
 from space.exports.storage import READ_PART_BYTES, READ_PIECE_BYTES, PgResultStore, ResultKey, ResultMissing
 from tests.exports.fixtures import WAIT, add_tickets, create_export, job_row, runner, tuned, uid, wait_for
 from tests.faults.procs import Procs
-from tests.helpers import Api, Org, UserFactory, assert_problem
+from tests.helpers import Api, Org, UserFactory, assert_problem, fresh_database
 
 if TYPE_CHECKING:
     from tests.helpers import TestUser
@@ -86,18 +84,10 @@ CREATE POLICY test_count_reads ON export_chunks AS RESTRICTIVE FOR SELECT TO spa
 @pytest.fixture(scope="module")
 def dl_url(owner_url: str) -> Iterator[str]:
     """A fresh database of this module, migrated, with the chunk-read counter."""
-    name = f"space_dl_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(owner_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = make_url(owner_url).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(COUNT_READS)
-    try:
+    with fresh_database(owner_url, "space_dl") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(COUNT_READS)
         yield url
-    finally:
-        with psycopg.connect(owner_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @dataclass(frozen=True)
