@@ -222,8 +222,8 @@ class PgResultStore:
 
         A download runs one per part, so the transaction is one round trip: BEGIN, the tenant setting (still
         transaction-local), the query and COMMIT go out as one psycopg pipeline. Through a unit of work they
-        would be four round trips and about twice the API's CPU per part; nothing here writes, so there is
-        nothing for a unit of work to commit.
+        would be four round trips and about a quarter more of the API's CPU per part; nothing here writes, so
+        there is nothing for a unit of work to commit.
         """
         bound = {
             "org": key.org_id,
