@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.config import Settings
-from space.db import Database, Tenant, UnitOfWork
+from space.db import Database, Tenant, UnitOfWork, server_version
 from space.errors import NotFound
 from space.exports import ledger
 from space.exports.failures import Deferred, ExportFailure, LeaseLost
@@ -241,7 +241,7 @@ async def _bound_transaction(session: AsyncSession, settings: Settings) -> None:
         text("SELECT set_config('statement_timeout', :ms, true), set_config('TimeZone', 'UTC', true)"), {"ms": ms}
     )
     # PostgreSQL 17 bounds the whole transaction too; older servers rely on the asyncio timeout around it.
-    if int(await session.scalar(text("SELECT current_setting('server_version_num')")) or 0) >= 170000:
+    if await server_version(session) >= 170000:
         await session.execute(text("SELECT set_config('transaction_timeout', :ms, true)"), {"ms": ms})
 
 

@@ -154,8 +154,8 @@ async def create_export(
 def _rate_limit(usage: ledger.Usage, limit: int, detail: str) -> None:
     if usage.counted < limit:
         return
-    busy = usage.active >= limit or usage.frees_in is None
-    wait = BUSY_RETRY_AFTER if busy or usage.frees_in is None else max(1, math.ceil(usage.frees_in))
+    # Running or queued exports alone fill the limit: their end can't be predicted.
+    wait = BUSY_RETRY_AFTER if usage.active >= limit or usage.frees_in is None else max(1, math.ceil(usage.frees_in))
     raise RateLimited(detail, headers={"Retry-After": str(wait)})
 
 

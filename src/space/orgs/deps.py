@@ -18,7 +18,7 @@ from litestar.params import FromPath
 
 from space.auth.service import Principal
 from space.db import Tenant, UnitOfWork
-from space.errors import Forbidden, NotFound
+from space.errors import NotFound
 from space.orgs import service
 from space.orgs.models import Membership, Organization, OrgState, Role
 
@@ -74,8 +74,8 @@ async def provide_member(
         # Customers see their own tickets only; RLS enforces it with this second setting.
         await uow.retenant(Tenant(org_id=oid, user_id=principal.user_id, customer_id=principal.user_id))
     roles = opt.get("roles")
-    if roles is not None and role not in roles:
-        raise Forbidden(f"This action needs one of the roles: {', '.join(sorted(r.value for r in roles))}.")
+    if roles is not None:
+        service.ensure_role(role, roles)
     if request.method not in READ_METHODS and not opt.get("state_exempt"):
         service.ensure_writable(org)
     return MemberContext(uow, principal, org, membership)

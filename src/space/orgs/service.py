@@ -117,9 +117,14 @@ async def authority(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID
     membership = await membership_of(session, org_id, user_id)
     if membership is None:
         raise NotFound()
-    if Role(membership.role) not in roles:
-        raise Forbidden(f"This action needs one of the roles: {', '.join(sorted(r.value for r in roles))}.")
+    ensure_role(Role(membership.role), roles)
     return membership
+
+
+def ensure_role(role: Role, roles: frozenset[Role]) -> None:
+    """Forbidden unless `role` is one of `roles` (the role guard's one answer)."""
+    if role not in roles:
+        raise Forbidden(f"This action needs one of the roles: {', '.join(sorted(r.value for r in roles))}.")
 
 
 async def _lock_as_manager(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID) -> Role:
