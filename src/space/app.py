@@ -16,6 +16,7 @@ from space.config import Settings
 from space.db import Database, app_url, check_app_role
 from space.errors import EXCEPTION_HANDLERS
 from space.exports.downloads import DownloadSlots
+from space.exports.links import load_signer
 from space.exports.queue import make_queue
 from space.exports.routes import ExportController
 from space.orgs.routes import router as orgs_router
@@ -61,6 +62,7 @@ def create_app(settings: Settings) -> Litestar:
             # SPEC §14: a role that could see past RLS stops start-up (AppRoleError) before any request.
             async with db.engine.connect() as conn:
                 await check_app_role(conn)
+            app.state.link_signer = await load_signer(settings, db.engine)
             await queue.connect()
             yield
         finally:

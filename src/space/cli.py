@@ -240,6 +240,7 @@ async def _serve(settings: Settings, sock: socket.socket, *, with_worker: bool, 
     """
     import uvicorn
 
+    from space import redaction
     from space.app import create_app
 
     class Server(uvicorn.Server):
@@ -259,6 +260,8 @@ async def _serve(settings: Settings, sock: socket.socket, *, with_worker: bool, 
                 self.listening.set()
 
     server = Server(uvicorn.Config(create_app(settings), log_level="info"))
+    # After uvicorn's Config, which configures its loggers: the access log quotes each path, link tokens included.
+    redaction.install()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
 

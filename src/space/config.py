@@ -12,6 +12,8 @@ import msgspec
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+SecretKeys = Annotated[str, msgspec.Meta(pattern=r"^[^,]{32,}(,[^,]{32,})*$")]
+"""One or more comma-separated keys of at least 32 characters each (HMAC-SHA256 wants 32 bytes)."""
 
 
 class SettingsError(Exception):
@@ -58,6 +60,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """statement_timeout of the API's database connections, in milliseconds."""
     download_concurrency: PositiveInt = 64
     """Downloads one API process streams at once; beyond it, 503 busy."""
+    secret_key: SecretKeys | None = None
+    """Download-link signing keys, comma-separated, each >= 32 characters: the first signs, all verify.
+    None: the key `space migrate` keeps in the database."""
+    download_link_ttl_seconds: PositiveInt = 300
+    """How long a download link works after it is minted, in seconds."""
 
 
 # Environment variable -> Settings field. Only these are read; everything else in the environment is ignored.
@@ -86,9 +93,13 @@ ENV_VARS: dict[str, str] = {
     "SPACE_EXPORT_ORG_CONCURRENCY": "export_org_concurrency",
     "SPACE_API_STATEMENT_TIMEOUT_MS": "api_statement_timeout_ms",
     "SPACE_DOWNLOAD_CONCURRENCY": "download_concurrency",
+    "SPACE_SECRET_KEY": "secret_key",
+    "SPACE_DOWNLOAD_LINK_TTL_SECONDS": "download_link_ttl_seconds",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"
+_SECRET_FIELDS = frozenset({"secret_key"})
+"""Settings whose value an error message never repeats."""
 
 
 def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -104,7 +115,8 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
             msgspec.convert({field: value}, Settings, strict=False)
         except msgspec.ValidationError as exc:
             name = _FIELD_TO_ENV.get(field, field)
-            raise SettingsError(f"invalid value for {name}: {value!r} ({exc})") from None
+            shown = "(hidden)" if field in _SECRET_FIELDS else repr(value)
+            raise SettingsError(f"invalid value for {name}: {shown} ({exc})") from None
     return msgspec.convert(raw, Settings, strict=False)
 
 

@@ -41,6 +41,14 @@ class Unauthenticated(SpaceError):
     status, code, title = 401, "unauthenticated", "Authentication required"
 
 
+class LinkExpired(SpaceError):
+    status, code, title = 401, "link_expired", "Download link expired"
+
+
+class LinkInvalid(SpaceError):
+    status, code, title = 401, "link_invalid", "Download link not valid"
+
+
 class Forbidden(SpaceError):
     status, code, title = 403, "forbidden", "Forbidden"
 
@@ -99,6 +107,10 @@ class ExportFailed(Conflict):
 
 class ExportExpired(SpaceError):
     status, code, title = 410, "export_expired", "Export expired"
+
+
+class RangeNotSatisfiable(SpaceError):
+    status, code, title = 416, "range_not_satisfiable", "Range not satisfiable"
 
 
 class RateLimited(SpaceError):

@@ -45,6 +45,12 @@ async def authenticate(session: AsyncSession, authorization: str | None) -> Prin
     return Principal(user_id=row.id, email=row.email, name=row.name)
 
 
+async def principal_of(session: AsyncSession, user_id: uuid.UUID) -> Principal | None:
+    """The user as a principal (a download link names its user by id), or None when there is no such user."""
+    row = (await session.execute(select(User.id, User.email, User.name).where(User.id == user_id))).one_or_none()
+    return None if row is None else Principal(user_id=row.id, email=row.email, name=row.name)
+
+
 async def create_user(session: AsyncSession, email: str, name: str) -> User:
     """Add a user; the email is stored lower-cased and must be new."""
     email = email.strip().lower()

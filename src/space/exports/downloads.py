@@ -14,15 +14,21 @@ request that would have been refused.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
-from litestar import Request
+from litestar import Request, Response
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
-from litestar.types import Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from space.errors import Busy, problem_for
+from space.errors import Busy, RangeNotSatisfiable, problem_for
+
+if TYPE_CHECKING:
+    from space.exports.service import Download
 
 BUSY_RETRY_AFTER = 5
 """Seconds a client is asked to wait when every download slot of the process is taken."""
@@ -50,6 +56,105 @@ class DownloadSlots:
         self.in_use -= 1
 
 
+@dataclass(frozen=True)
+class ByteRange:
+    """Bytes `start` to `end` (exclusive) of a result."""
+
+    start: int
+    end: int
+
+
+# One range of RFC 9110 §14.1.2: `a-b`, `a-` or `-n`. Several ranges (a comma) never match: they get the whole
+# body, which the RFC allows and which spares a multipart body. 19 digits keep every number inside bigint.
+_ONE_RANGE = re.compile(r"bytes=(\d{0,19})-(\d{0,19})", re.ASCII | re.IGNORECASE)
+
+
+def requested_range(range_header: str | None, if_range: str | None, etag: str, size: int) -> ByteRange | None:
+    """The one range a request asks for, or None for the whole body (no, several or malformed ranges, or an
+    `If-Range` that is not the current ETag); RangeNotSatisfiable when it lies past the result's end."""
+    if range_header is None or (if_range is not None and if_range.strip() != etag):
+        return None
+    m = _ONE_RANGE.fullmatch(range_header.strip())
+    if m is None or m.groups() == ("", ""):
+        return None
+    first, last = m.groups()
+    if first and last and int(last) < int(first):
+        return None  # not a range at all (RFC 9110: an invalid range-spec is ignored)
+    if not first:
+        start, end = max(0, size - int(last)), size
+        satisfiable = int(last) > 0 and size > 0
+    else:
+        start = int(first)
+        end = min(int(last) + 1, size) if last else size
+        satisfiable = start < size
+    if not satisfiable:
+        raise RangeNotSatisfiable(
+            f"The result has {size} bytes.", headers={"Content-Range": f"bytes */{size}", "Accept-Ranges": "bytes"}
+        )
+    return ByteRange(start, end)
+
+
+def not_modified(if_none_match: str | None, etag: str) -> bool:
+    """Whether `If-None-Match` names the current ETag (weak comparison, RFC 9110 §13.1.2), or is `*`."""
+    if if_none_match is None:
+        return False
+    tags = [t.strip() for t in if_none_match.split(",")]
+    return any(t == "*" or t.removeprefix("W/") == etag for t in tags)
+
+
+def respond(download: Download, request: Request[Any, Any, Any], slots: DownloadSlots) -> Response[Any]:
+    """The answer to an authorized GET or HEAD of a result: 304, 206, 200 (or RangeNotSatisfiable).
+
+    Runs only after SPEC §6's authorization, so no conditional or range answer ever bypasses it. A range is
+    read from the store as it is (an offset is a chunk number and a position in it): only the parts it covers.
+    """
+    etag = f'"{download.sha256}"'
+    headers: dict[str, str] = {
+        "Content-Disposition": f'attachment; filename="{download.filename}"',
+        "Cache-Control": "private, no-store",
+        "X-Content-Type-Options": "nosniff",
+        "ETag": etag,
+        "Accept-Ranges": "bytes",
+    }
+    if not_modified(request.headers.get("if-none-match"), etag):
+        return Response(content=None, status_code=304, headers=headers)
+    size = download.byte_size
+    part = requested_range(request.headers.get("range"), request.headers.get("if-range"), etag, size)
+    start, end, status = (0, size, 200) if part is None else (part.start, part.end, 206)
+    if part is not None:
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    headers["Content-Length"] = str(end - start)
+    # Litestar leaves Content-Type out of a HEAD response; SPEC §11 wants GET's headers, so it is set here.
+    headers["Content-Type"] = download.content_type
+    body = _nothing() if request.method == "HEAD" else download.body(start, end)
+    return DownloadStream(body, slots=slots, media_type=download.content_type, headers=headers, status_code=status)
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""  # pragma: no cover - makes this an async generator
+
+
+def no_referrer_for_links(app: ASGIApp) -> ASGIApp:
+    """Middleware: every answer to a request with a `token=` carries `Referrer-Policy: no-referrer` (SPEC §10),
+    so a page the browser goes on to never learns the link."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        query = scope.get("query_string", b"").decode("latin-1")
+        if not any(name == "token" for name, _ in parse_qsl(query, keep_blank_values=True)):
+            await app(scope, receive, send)
+            return
+
+        async def send_no_referrer(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"referrer-policy", b"no-referrer")]
+            await send(message)
+
+        await app(scope, receive, send_no_referrer)
+
+    return middleware
+
+
 class DownloadStream(Stream):
     """A result streamed to its client while it holds a download slot; 503 `busy` when none is free."""
 
@@ -60,7 +165,8 @@ class DownloadStream(Stream):
         self.slots = slots
 
     def to_asgi_response(self, app: Any, request: Request[Any, Any, Any], **kwargs: Any) -> ASGIResponse:
-        """The stream's ASGI response inside the slot guard."""
+        """The stream's ASGI response inside the slot guard (bodiless for HEAD: Litestar doesn't decide that)."""
+        kwargs["is_head_response"] = request.method == "HEAD"
         stream = super().to_asgi_response(app, request, **kwargs)
 
         def busy() -> ASGIResponse:

@@ -6,18 +6,22 @@ export column and §6's download order itself.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from litestar import Controller, Response, delete, get, post
+from litestar import Controller, HttpMethod, Request, Response, delete, get, post, route
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, JSONBody, QueryParameter
 from saq import Queue
 
+from space.auth.service import Principal, authenticate, principal_of
 from space.config import Settings
+from space.db import Tenant, UnitOfWork
+from space.errors import InvalidRequest, LinkInvalid
 from space.exports import service
-from space.exports.downloads import DownloadSlots, DownloadStream
-from space.exports.schemas import Export, ExportCreate
+from space.exports.downloads import DownloadSlots, no_referrer_for_links, respond
+from space.exports.links import LinkGrant, LinkSigner
+from space.exports.schemas import Export, ExportCreate, Link
 from space.exports.storage import PgResultStore, ResultStore
 from space.orgs.deps import MEMBER, MemberContext, parse_id
 from space.schemas import Items
@@ -46,6 +50,52 @@ def provide_settings(state: State) -> Settings:
     return settings
 
 
+def provide_signer(state: State) -> LinkSigner:
+    """The deployment's link signer (its keys are read when the app starts)."""
+    signer: LinkSigner = state.link_signer
+    return signer
+
+
+LinkToken = Annotated[
+    str | None,
+    QueryParameter(description="A download link's token (from POST .../links), instead of an Authorization header."),
+]
+
+
+def provide_link(
+    request: Request[Any, Any, Any],
+    signer: NamedDependency[LinkSigner],
+    org_id: FromPath[str],
+    export_id: FromPath[str],
+    token: LinkToken = None,
+) -> LinkGrant | None:
+    """The download link a request carries, verified against its path (SPEC §10); None for a bearer request.
+
+    Checked before anything else of the request: a bad link is 401, whatever the path names.
+    """
+    if token is None:
+        return None
+    if "authorization" in request.headers:
+        raise InvalidRequest("token: send a download link's token or an Authorization header, not both.")
+    return signer.verify(token, org_id, export_id)
+
+
+async def provide_download_principal(
+    request: Request[Any, Any, Any], uow: NamedDependency[UnitOfWork], link: NamedDependency[LinkGrant | None]
+) -> Principal:
+    """The downloading user: the link's, or the bearer token's. The two never stand in for each other: a link
+    token is no bearer token (bearer tokens are looked up by hash) and a bearer token no link (not signed)."""
+    if link is None:
+        principal = await authenticate(uow.session, request.headers.get("authorization"))
+    else:
+        found = await principal_of(uow.session, link.user_id)
+        if found is None:
+            raise LinkInvalid()
+        principal = found
+    await uow.retenant(Tenant(user_id=principal.user_id))
+    return principal
+
+
 class ExportController(Controller):
     """Create, list, read, cancel/delete and download exports; each export is visible to its owner only."""
 
@@ -57,6 +107,7 @@ class ExportController(Controller):
         "store": Provide(provide_store, sync_to_thread=False),
         "settings": Provide(provide_settings, sync_to_thread=False),
         "slots": Provide(provide_download_slots, sync_to_thread=False),
+        "signer": Provide(provide_signer, sync_to_thread=False),
     }
     opt = {"state_exempt": True, "allow_former_member": True}
 
@@ -89,23 +140,57 @@ class ExportController(Controller):
         """Cancel a queued/running export, or delete a finished one."""
         await service.delete_export(ctx.uow, ctx.org.id, ctx.membership, parse_id(export_id), store)
 
-    @get("/{export_id:str}/result")
-    async def result(
+    @post("/{export_id:str}/links", status_code=201)
+    async def create_link(
         self,
         ctx: NamedDependency[MemberContext],
         export_id: FromPath[str],
         store: NamedDependency[ResultStore],
-        slots: NamedDependency[DownloadSlots],
-    ) -> DownloadStream:
-        """Download the result, authorized again now (SPEC §6), streamed from storage in a download slot."""
-        download = await service.open_result(
-            ctx.uow.session, ctx.org, ctx.principal.user_id, ctx.membership, parse_id(export_id), store
+        signer: NamedDependency[LinkSigner],
+        settings: NamedDependency[Settings],
+    ) -> Link:
+        """A short-lived download link (for a browser), minted only for what the caller could download now."""
+        return await service.create_link(
+            ctx.uow.session,
+            ctx.org,
+            ctx.principal.user_id,
+            ctx.membership,
+            parse_id(export_id),
+            store,
+            signer,
+            settings.download_link_ttl_seconds,
         )
-        headers: dict[str, Any] = {
-            "Content-Disposition": f'attachment; filename="{download.filename}"',
-            "Cache-Control": "private, no-store",
-            "X-Content-Type-Options": "nosniff",
-            "Content-Length": str(download.byte_size),
-            "ETag": f'"{download.sha256}"',
-        }
-        return DownloadStream(download.body(), slots=slots, media_type=download.media_type, headers=headers)
+
+    @route(
+        "/{export_id:str}/result",
+        http_method=[HttpMethod.GET, HttpMethod.HEAD],
+        # Authenticated by its own dependency: a bearer token, or a download link's `token=` (SPEC §10).
+        opt={"exclude_from_auth": True},
+        dependencies={
+            "link": Provide(provide_link, sync_to_thread=False),
+            "principal": Provide(provide_download_principal),
+        },
+        middleware=[no_referrer_for_links],
+    )
+    async def result(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: NamedDependency[MemberContext],
+        export_id: FromPath[str],
+        store: NamedDependency[ResultStore],
+        slots: NamedDependency[DownloadSlots],
+        link: NamedDependency[LinkGrant | None],
+    ) -> Response[Any]:
+        """Download the result, authorized again now (SPEC §6), streamed from storage in a download slot; one byte
+        range (206), If-Range, If-None-Match (304) and HEAD (SPEC §11)."""
+        download = await service.open_result(
+            ctx.uow.session,
+            ctx.org,
+            ctx.principal.user_id,
+            ctx.membership,
+            parse_id(export_id),
+            store,
+            via="bearer" if link is None else "link",
+            execution_id=None if link is None else link.execution_id,
+        )
+        return respond(download, request, slots)

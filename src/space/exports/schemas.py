@@ -46,3 +46,10 @@ class Export(Output):
     byte_size: int | None
     sha256: str | None
     can_download: bool
+
+
+class Link(Output):
+    """A download link: the result route with a signed `token=`, working until `expiresAt`."""
+
+    url: str
+    expires_at: dt.datetime

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 from saq import Queue
@@ -22,17 +24,22 @@ from space.errors import (
     ExportNotReady,
     ExportQuotaExceeded,
     Forbidden,
+    LinkInvalid,
     NotFound,
     OrgDeleting,
     RateLimited,
 )
 from space.exports import ledger
+from space.exports.links import LinkGrant, LinkSigner
 from space.exports.models import FAILED_STATES, ExportJob, ExportKind, ExportScope, ExportState
 from space.exports.queue import enqueue_quietly
-from space.exports.schemas import Export, ExportCreate, SnapshotRequest
+from space.exports.schemas import Export, ExportCreate, Link, SnapshotRequest
 from space.exports.storage import ResultKey, ResultMissing, ResultStore
 from space.orgs import service as orgs
 from space.orgs.models import Membership, Organization, OrgState, Role
+
+DownloadVia = Literal["bearer", "link"]
+"""How a download's caller authenticated."""
 
 NOT_READY_RETRY_AFTER = 5
 """Seconds a client is asked to wait before polling a queued or running export's result again."""
@@ -233,6 +240,7 @@ class Download:
     sha256: str
     key: ResultKey
     store: ResultStore
+    via: DownloadVia = "bearer"
 
     def body(self, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
         """Bytes `start` to `end` (exclusive, default: the whole result) as they stream from storage, one part at
@@ -241,10 +249,9 @@ class Download:
         return _checked(self.store.read(self.key, start, stop), stop - start)
 
     @property
-    def media_type(self) -> str:
-        """The result's content type."""
-        # Litestar appends "; charset=utf-8" to text/* types itself.
-        return "application/json" if self.kind is ExportKind.snapshot else "text/csv"
+    def content_type(self) -> str:
+        """The full Content-Type header."""
+        return "application/json" if self.kind is ExportKind.snapshot else "text/csv; charset=utf-8"
 
     @property
     def filename(self) -> str:
@@ -260,9 +267,18 @@ async def open_result(
     membership: Membership | None,
     export_id: uuid.UUID,
     store: ResultStore,
+    *,
+    via: DownloadVia = "bearer",
+    execution_id: uuid.UUID | None = None,
 ) -> Download:
-    """Authorize a download again, in SPEC §6's order, and open the stored bytes."""
+    """Authorize a download again, in SPEC §6's order, and open the stored bytes.
+
+    `via` says how the caller authenticated (a bearer token, or a link whose `execution_id` it carries: a link
+    to another execution of the export, such as an attempt before a retry, is not a link to this result).
+    """
     job, now = await _get_owned(session, org.id, user_id, export_id)
+    if via == "link" and job.execution_id != execution_id:
+        raise LinkInvalid()
     if membership is None:
         raise AccessRevoked("You are no longer a member of this organization.")
     if job.scope == ExportScope.team and not Role(membership.role).is_staff:
@@ -279,7 +295,26 @@ async def open_result(
         raise ExportExpired("The export's result has expired.")
     assert job.execution_id is not None and job.byte_size is not None and job.sha256 is not None
     key = ResultKey(job.org_id, job.id, job.execution_id)
-    return Download(job.id, ExportKind(job.kind), job.byte_size, job.sha256, key, store)
+    return Download(job.id, ExportKind(job.kind), job.byte_size, job.sha256, key, store, via)
+
+
+async def create_link(
+    session: AsyncSession,
+    org: Organization,
+    user_id: uuid.UUID,
+    membership: Membership | None,
+    export_id: uuid.UUID,
+    store: ResultStore,
+    signer: LinkSigner,
+    ttl_seconds: int,
+) -> Link:
+    """A download link to a result the caller could download now (authorized exactly as a download)."""
+    download = await open_result(session, org, user_id, membership, export_id, store)
+    # The API host's clock, as the verification uses it (`space check` holds hosts within 1 s of the database).
+    expires_at = int(time.time()) + ttl_seconds
+    grant = LinkGrant(user_id, org.id, export_id, download.key.execution_id, expires_at)
+    url = f"/orgs/{org.id}/exports/{export_id}/result?token={signer.sign(grant)}"
+    return Link(url=url, expires_at=grant.expires)
 
 
 async def _checked(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:
