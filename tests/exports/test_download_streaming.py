@@ -271,15 +271,19 @@ class RawGet:
         self.server_port: int = sock.getpeername()[1]
 
     @classmethod
-    async def open(cls, port: int, path: str, token: str) -> RawGet:
-        """Connect with a small receive buffer, send the request, read the status line and headers."""
+    async def open(cls, port: int, path: str, token: str | None, headers: dict[str, str] | None = None) -> RawGet:
+        """Connect with a small receive buffer, send the request (with the bearer `token` unless None, and
+        `headers`), read the status line and headers."""
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
         sock.setblocking(False)
         try:
             await asyncio.wait_for(loop.sock_connect(sock, ("127.0.0.1", port)), WAIT)
-            request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n"
+            lines = [f"GET {path} HTTP/1.1", "Host: 127.0.0.1"]
+            lines += [] if token is None else [f"Authorization: Bearer {token}"]
+            lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+            request = "\r\n".join(lines) + "\r\n\r\n"
             await loop.sock_sendall(sock, request.encode())
             raw = b""
             while b"\r\n\r\n" not in raw:
