@@ -266,6 +266,9 @@ async def test_bad_tokens_are_refused(
     # A token with an Authorization header too: 400, whichever of the two is good.
     body = assert_problem(await api.call("GET", url, org.owner), 400, "invalid_request")
     assert "token" in body["detail"]
+    # (A bearer token that is no good is answered as on every route: 401.)
+    bogus = {"Authorization": "Bearer spc_not-a-token"}
+    assert_problem(await api.client.get(url, headers=bogus), 401, "unauthenticated")
     # A link token is no bearer token: not on the result route, and not anywhere else.
     as_bearer = {"Authorization": f"Bearer {token}"}
     for path in (result, org.path(f"/exports/{export_id}"), org.path(f"/exports/{export_id}/links"), "/me"):

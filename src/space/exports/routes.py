@@ -73,20 +73,27 @@ def provide_link(
 
     Checked before anything else of the request: a bad link is 401, whatever the path names.
     """
-    if token is None:
-        return None
-    if "authorization" in request.headers:
-        raise InvalidRequest("token: send a download link's token or an Authorization header, not both.")
+    if token is None or "authorization" in request.headers:
+        return None  # a bearer request; with a `token=` as well, refused once the bearer token is known
     return signer.verify(token, org_id, export_id)
 
 
 async def provide_download_principal(
-    request: Request[Any, Any, Any], uow: NamedDependency[UnitOfWork], link: NamedDependency[LinkGrant | None]
+    request: Request[Any, Any, Any],
+    uow: NamedDependency[UnitOfWork],
+    link: NamedDependency[LinkGrant | None],
+    token: LinkToken = None,
 ) -> Principal:
     """The downloading user: the link's, or the bearer token's. The two never stand in for each other: a link
-    token is no bearer token (bearer tokens are looked up by hash) and a bearer token no link (not signed)."""
+    token is no bearer token (bearer tokens are looked up by hash) and a bearer token no link (not signed).
+
+    Both at once is 400, but only after the bearer token checked out: without a valid credential the answer
+    stays 401, as on every other route.
+    """
     if link is None:
         principal = await authenticate(uow.session, request.headers.get("authorization"))
+        if token is not None:
+            raise InvalidRequest("token: send a download link's token or an Authorization header, not both.")
     else:
         found = await principal_of(uow.session, link.user_id)
         if found is None:
