@@ -17,7 +17,10 @@ Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a
    refused: the cases measure what a download costs, not the cap) of a ~40 MB CSV (the 1M org's unassigned
    tickets), over plain sockets: 100 that stop reading after their first part (the API's resident set with
    all of them stalled, minus before), then 20 read in full at once (aggregate throughput, peak RSS);
-5. `space up` (API and worker in one process, one event loop): the 1M tickets export again while the
+5. link downloads: the 1M CSV whole with the bearer token, whole through a download link, and as 64 equal
+   ranges through that link, one after another, in a fresh `space api` (median of 3 rounds; `--links-only`
+   runs just this case, on a database of its own);
+6. `space up` (API and worker in one process, one event loop): the 1M tickets export again while the
    status route is polled back to back; its latencies show whether the export blocks the event loop.
 
 Prints one line per case (and the fairness line) on stdout and writes them to benchmarks/results/latest.json
@@ -353,6 +356,74 @@ async def separate_processes(
     return cases, export_ids
 
 
+RANGES = 64
+"""The link-download case fetches the result as this many ranges of equal size (the last takes the rest)."""
+LINK_ROUNDS = 3
+"""Rounds of the link-download case; each measures bearer, link and ranges back to back; medians are kept."""
+
+
+async def _get_into(client: httpx.AsyncClient, url: str, f: Any, headers: dict[str, str]) -> int:
+    """Stream one GET into the open file `f` at its position; the bytes received."""
+    size = 0
+    async with client.stream("GET", url, headers=headers) as resp:
+        resp.raise_for_status()
+        async for chunk in resp.aiter_raw():
+            size += len(chunk)
+            f.write(chunk)
+    return size
+
+
+async def link_downloads(url: str, org: Org, export_id: str, tmp: Path) -> dict[str, Any]:
+    """The 1M CSV downloaded whole with the bearer token, whole through a link, and as RANGES ranges through
+    that link, in a fresh `space api` warmed up by one download; median seconds of LINK_ROUNDS rounds."""
+    port = free_port()
+    api = spawn("api", url, port)
+    auth = {"Authorization": f"Bearer {org.people['owner']}"}
+    result = f"/orgs/{org.id}/exports/{export_id}/result"
+    times: dict[str, list[float]] = {"bearer": [], "link": [], "ranges": []}
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
+            await wait_healthy(client, api)
+            status = (await client.get(f"/orgs/{org.id}/exports/{export_id}", headers=auth)).json()
+            size = int(status["byteSize"])
+            out = tmp / "link-download"
+            with out.open("wb") as f:
+                await _get_into(client, result, f, auth)
+            step = size // RANGES
+            bounds = [(i * step, size - 1 if i == RANGES - 1 else (i + 1) * step - 1) for i in range(RANGES)]
+            for _ in range(LINK_ROUNDS):
+                r = await client.post(f"/orgs/{org.id}/exports/{export_id}/links", headers=auth)
+                r.raise_for_status()
+                link = r.json()["url"]
+                for name in ("bearer", "link", "ranges"):
+                    started = time.perf_counter()
+                    with out.open("wb") as f:
+                        if name == "ranges":
+                            got = 0
+                            for a, b in bounds:
+                                got += await _get_into(client, link, f, {"Range": f"bytes={a}-{b}"})
+                        else:
+                            got = await _get_into(
+                                client, result if name == "bearer" else link, f, auth if name == "bearer" else {}
+                            )
+                    times[name].append(time.perf_counter() - started)
+                    assert got == size, (name, got, size)
+    finally:
+        stop(api)
+        _empty(tmp)
+    bearer, link_s, ranges_s = (statistics.median(times[k]) for k in ("bearer", "link", "ranges"))
+    return {
+        "case": "link_downloads_1m",
+        "bytes": size,
+        "ranges": RANGES,
+        "bearer_seconds": bearer,
+        "link_seconds": link_s,
+        "ranges_seconds": ranges_s,
+        "link_ratio": link_s / bearer,
+        "ranges_ratio": ranges_s / bearer,
+    }
+
+
 async def fairness(url: str, busy: Org, small: Org) -> dict[str, Any]:
     """How long a small org's export waits while another org has BACKLOG exports queued (default settings:
     2 worker slots, 1 export per org at a time), from the ledger's createdAt -> startedAt."""
@@ -661,13 +732,33 @@ async def run(
             (f"snapshot_{_size(tasks)}", "Bench1M", "snapshot"),
         ]
         cases, cases_export_ids = await separate_processes(url, orgs, plan, Path(tmp))
+        log(f"link downloads: {plan[1][0]} whole by bearer and by link, and as {RANGES} ranges ...")
+        links = await link_downloads(url, orgs["Bench1M"], cases_export_ids[1], Path(tmp))
         log(f"fairness: {BACKLOG} exports queued in Bench100k, then one in BenchSmall ...")
         fair = await fairness(url, orgs["Bench100k"], orgs["BenchSmall"])
         many = await downloads(url, orgs["Bench1M"])
         log("space up: the tickets export in the HTTP process, status polled back to back ...")
         latency = await in_process(url, orgs["Bench1M"], cases_export_ids[-1])
         log(" ".join(f"{k}={v}" for k, v in latency.items()))
-    return cases, fair, latency, many
+    return cases, fair, latency, [*many, links]
+
+
+async def run_links(tickets: int) -> dict[str, Any]:
+    """Only the link-download case (`--links-only`): one org of `tickets` tickets, its CSV built by a worker."""
+    with server() as admin, fresh_database(admin) as url, tempfile.TemporaryDirectory() as tmp:
+        log(f"seeding {tickets} tickets ...")
+        org = (await seed(url, {"Bench1M": (tickets, 0)}))["Bench1M"]
+        port = free_port()
+        api, worker = spawn("api", url, port), spawn("worker", url, port)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
+                await wait_healthy(client, api)
+                status, _ = await create_and_wait(client, org, "owner", "tickets_csv")
+        finally:
+            stop(worker)
+            stop(api)
+        log(f"link downloads: {status['byteSize']} bytes whole by bearer and by link, and as {RANGES} ranges ...")
+        return await link_downloads(url, org, status["id"], Path(tmp))
 
 
 def _size(n: int) -> str:
@@ -680,7 +771,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tickets", type=int, default=1_000_000, help="tickets of the large case (1000000)")
     parser.add_argument("--small-tickets", type=int, default=100_000, help="tickets of the small case (100000)")
     parser.add_argument("--tasks", type=int, default=1_000_000, help="tasks in the snapshot (1000000)")
+    parser.add_argument("--links-only", action="store_true", help="only the link-download case (results/links.json)")
     args = parser.parse_args(argv)
+    if args.links_only:
+        links = asyncio.run(run_links(args.tickets))
+        print(" ".join(f"{k}={_fmt(v)}" for k, v in links.items()))
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "links.json").write_text(json.dumps(links, indent=2) + "\n")
+        return
     cases, fair, latency, many = asyncio.run(run(args.tickets, args.small_tickets, args.tasks))
     for case in cases:
         print(case.line())
