@@ -172,6 +172,10 @@ async def test_a_ranged_link_download_whose_client_goes_away_stops_reading(world
         before, handed = await stalled(world, g, world.big, after)  # type: ignore[arg-type]
         total = len(range_reads(world.big, start, len(world.big.body)))
         assert len(before) < total // 2, (len(before), total, handed)
+        # It holds the one slot: another link download is busy (after its authorization).
+        r = await world.api.client.get(await world.link(world.small))
+        assert r.status_code == 503 and r.json()["code"] == "busy" and r.headers["retry-after"], r.text
+        assert r.headers["referrer-policy"] == "no-referrer"
     finally:
         g.close()
     # Once the server has seen the client go (its slot is free again), at most the part in flight was read.

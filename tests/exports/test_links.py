@@ -362,3 +362,27 @@ async def test_a_link_works_until_it_expires(keyed: Any, done: tuple[Org, str, b
     # Waits on the answer itself (at most the poll's timeout), never on a fixed time.
     await wait_for(expired, "the link to expire")
     assert (await fetch(short, (await mint(short, org, export_id))["url"])).content == body
+
+
+async def test_a_links_user_is_authorized_again_at_every_use(
+    api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any]
+) -> None:
+    org = await api.org()
+    await add_tickets(db, org.id, org.member, ["again"])
+    export_id = await completed_export(api, db, settings, org, CSV)
+    url = (await mint(api, org, export_id))["url"]
+    assert (await fetch(api, url)).status_code == 200
+    # The org being deleted: 409, and back.
+    await set_org_state(db, org.id, "deleting")
+    assert_problem(await fetch(api, url), 409, "org_deleting")
+    await set_org_state(db, org.id, "active")
+    assert (await fetch(api, url)).status_code == 200
+    # The result past its expiry (before any cleanup): 410, though the link itself is still valid.
+    owner.execute("UPDATE export_jobs SET expires_at = now() - interval '1 second' WHERE id = %s", (export_id,))
+    assert_problem(await fetch(api, url), 410, "export_expired")
+    owner.execute("UPDATE export_jobs SET expires_at = now() + interval '1 hour' WHERE id = %s", (export_id,))
+    assert (await fetch(api, url)).status_code == 200
+    # Deleted by its owner: gone for the link as for the bearer route.
+    assert (await api.call("DELETE", org.path(f"/exports/{export_id}"), org.owner)).status_code == 204
+    assert_problem(await fetch(api, url), 404, "not_found")
+    assert_problem(await fetch(api, url, range="bytes=0-0"), 404, "not_found")
