@@ -101,6 +101,10 @@ class ExportExpired(SpaceError):
     status, code, title = 410, "export_expired", "Export expired"
 
 
+class ExportRevoked(SpaceError):
+    status, code, title = 410, "export_revoked", "Export revoked by an admin"
+
+
 class RateLimited(SpaceError):
     status, code, title = 429, "export_rate_limited", "Too many exports"
 

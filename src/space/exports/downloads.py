@@ -14,7 +14,7 @@ request that would have been refused.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from litestar import Request
@@ -50,14 +50,25 @@ class DownloadSlots:
         self.in_use -= 1
 
 
+OnStart = Callable[[], Awaitable[None]]
+"""Called once a download holds its slot, before its first byte (the audit trail's `export.downloaded`)."""
+
+
 class DownloadStream(Stream):
-    """A result streamed to its client while it holds a download slot; 503 `busy` when none is free."""
+    """A result streamed to its client while it holds a download slot; 503 `busy` when none is free.
 
-    __slots__ = ("slots",)
+    `on_start` runs when the body is about to go out (never for HEAD, busy or a refusal); if it raises, nothing
+    is sent but the error's answer: a download the audit trail could not record does not happen.
+    """
 
-    def __init__(self, content: AsyncIterator[bytes], *, slots: DownloadSlots, **kwargs: Any) -> None:
+    __slots__ = ("on_start", "slots")
+
+    def __init__(
+        self, content: AsyncIterator[bytes], *, slots: DownloadSlots, on_start: OnStart | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(content, **kwargs)
         self.slots = slots
+        self.on_start = on_start
 
     def to_asgi_response(self, app: Any, request: Request[Any, Any, Any], **kwargs: Any) -> ASGIResponse:
         """The stream's ASGI response inside the slot guard."""
@@ -70,19 +81,26 @@ class DownloadStream(Stream):
             )
             return problem_for(error).to_asgi_response(None, request)
 
-        return _InSlot(stream, self.slots, busy)
+        return _InSlot(stream, self.slots, busy, self.on_start)
 
 
 class _InSlot(ASGIResponse):
     """Sends `stream` while holding a slot, or the busy answer; an ASGIResponse only so Litestar can send it."""
 
-    __slots__ = ("_busy", "_slots", "_stream")
+    __slots__ = ("_busy", "_on_start", "_slots", "_stream")
 
-    def __init__(self, stream: ASGIResponse, slots: DownloadSlots, busy: Callable[[], ASGIResponse]) -> None:
+    def __init__(
+        self,
+        stream: ASGIResponse,
+        slots: DownloadSlots,
+        busy: Callable[[], ASGIResponse],
+        on_start: OnStart | None = None,
+    ) -> None:
         super().__init__(status_code=stream.status_code)
         self._stream = stream
         self._slots = slots
         self._busy = busy
+        self._on_start = on_start
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # A HEAD response streams nothing, so it takes no slot.
@@ -93,6 +111,8 @@ class _InSlot(ASGIResponse):
             await self._busy()(scope, receive, send)
             return
         try:
+            if self._on_start is not None:
+                await self._on_start()
             await self._stream(scope, receive, send)
         finally:
             self._slots.release()

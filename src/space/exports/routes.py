@@ -6,18 +6,21 @@ export column and §6's download order itself.
 
 from __future__ import annotations
 
-from typing import Any
+import enum
+from typing import Annotated, Any
 
 from litestar import Controller, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, JSONBody, QueryParameter
 from saq import Queue
 
+from space.audit import service as audit
 from space.config import Settings
+from space.db import Database
 from space.exports import service
 from space.exports.downloads import DownloadSlots, DownloadStream
-from space.exports.schemas import Export, ExportCreate
+from space.exports.schemas import Export, ExportCreate, OrgExport
 from space.exports.storage import PgResultStore, ResultStore
 from space.orgs.deps import MEMBER, MemberContext, parse_id
 from space.schemas import Items
@@ -40,6 +43,19 @@ def provide_download_slots(state: State) -> DownloadSlots:
     return slots
 
 
+def provide_db(state: State) -> Database:
+    """The app-role database (the download's audit row is written in a transaction of its own)."""
+    db: Database = state.db
+    return db
+
+
+class ListScope(enum.StrEnum):
+    """`own`: the caller's exports; `org`: every member's (owners and admins)."""
+
+    own = "own"
+    org = "org"
+
+
 def provide_settings(state: State) -> Settings:
     """The app's settings."""
     settings: Settings = state.settings
@@ -57,6 +73,7 @@ class ExportController(Controller):
         "store": Provide(provide_store, sync_to_thread=False),
         "settings": Provide(provide_settings, sync_to_thread=False),
         "slots": Provide(provide_download_slots, sync_to_thread=False),
+        "db": Provide(provide_db, sync_to_thread=False),
     }
     opt = {"state_exempt": True, "allow_former_member": True}
 
@@ -69,12 +86,20 @@ class ExportController(Controller):
         queue: NamedDependency[Queue],
     ) -> Response[Export]:
         """Request an export; it is built in the background. 202 with its Location."""
-        export = await service.create_export(ctx.uow, ctx.org.id, ctx.membership, data, settings, queue)
+        export = await service.create_export(ctx.uow, ctx.org.id, ctx.membership, data, settings, queue, ip=ctx.ip)
         return Response(export, status_code=202, headers={"Location": f"/orgs/{ctx.org.id}/exports/{export.id}"})
 
     @get("/")
-    async def list_exports(self, ctx: NamedDependency[MemberContext]) -> Items[Export]:
-        """The caller's exports in this org, newest first."""
+    async def list_exports(
+        self,
+        ctx: NamedDependency[MemberContext],
+        # `scope` is a name Litestar reserves for the ASGI scope, hence the alias.
+        list_scope: Annotated[ListScope, QueryParameter(name="scope")] = ListScope.own,
+    ) -> Items[Export] | Items[OrgExport]:
+        """The caller's exports in this org, newest first; `scope=org`: every member's, with creators (owners and
+        admins)."""
+        if list_scope is ListScope.org:
+            return Items(items=await service.list_org_exports(ctx.uow.session, ctx.org, ctx.membership))
         return Items(items=await service.list_exports(ctx.uow.session, ctx.org, ctx.membership))
 
     @get("/{export_id:str}")
@@ -86,8 +111,8 @@ class ExportController(Controller):
     async def remove(
         self, ctx: NamedDependency[MemberContext], export_id: FromPath[str], store: NamedDependency[ResultStore]
     ) -> None:
-        """Cancel a queued/running export, or delete a finished one."""
-        await service.delete_export(ctx.uow, ctx.org.id, ctx.membership, parse_id(export_id), store)
+        """Cancel a queued/running export, or delete a finished one (owners and admins: any member's)."""
+        await service.delete_export(ctx.uow, ctx.org.id, ctx.membership, parse_id(export_id), store, ip=ctx.ip)
 
     @get("/{export_id:str}/result")
     async def result(
@@ -96,6 +121,7 @@ class ExportController(Controller):
         export_id: FromPath[str],
         store: NamedDependency[ResultStore],
         slots: NamedDependency[DownloadSlots],
+        db: NamedDependency[Database],
     ) -> DownloadStream:
         """Download the result, authorized again now (SPEC §6), streamed from storage in a download slot."""
         download = await service.open_result(
@@ -108,4 +134,20 @@ class ExportController(Controller):
             "Content-Length": str(download.byte_size),
             "ETag": f'"{download.sha256}"',
         }
-        return DownloadStream(download.body(), slots=slots, media_type=download.media_type, headers=headers)
+
+        async def started() -> None:
+            # The trail says what left, as the response starts: not for a refusal or a busy server.
+            await audit.record_download(
+                db,
+                ctx.org.id,
+                ctx.principal.user_id,
+                download.export_id,
+                via="bearer",
+                byte_range=None,
+                size=download.byte_size,
+                ip=ctx.ip,
+            )
+
+        return DownloadStream(
+            download.body(), slots=slots, on_start=started, media_type=download.media_type, headers=headers
+        )

@@ -46,3 +46,16 @@ class Export(Output):
     byte_size: int | None
     sha256: str | None
     can_download: bool
+
+
+class ExportCreator(Output):
+    """Who requested an export (the org-wide list)."""
+
+    user_id: uuid.UUID
+    name: str
+
+
+class OrgExport(Export):
+    """An export in the org-wide list of owners and admins: metadata and its creator, never its content."""
+
+    creator: ExportCreator
