@@ -77,8 +77,9 @@ async def test_admin_cancels_a_running_export_and_the_worker_publishes_nothing(
     export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
     eid, oid = uid(export["id"]), uid(org.id)
     gate = Gate({"batch"})
-    async with background(run_export(runner(tuned(settings, export_batch_rows=1), db), eid, oid, gate=gate), gate) as w:
+    async with background(run_export(runner(_small(settings), db), eid, oid, gate=gate), gate) as w:
         await gate.reached("batch")  # mid-read: one batch stored, two to go
+        await wait_for(lambda: _some_chunks(db, org.id, export["id"]), "the first chunks to be stored")
         r = await api.call("DELETE", org.path(f"/exports/{export['id']}"), getattr(org, manager))
         assert r.status_code == 204, r.text
         cancelled = snapshot(await job_row(db, org.id, eid))
@@ -121,6 +122,15 @@ async def test_admin_removes_a_completed_result_and_its_owner_gets_410(
 
 async def _no_chunks(db: Database, org_id: str, export_id: str) -> bool:
     return await chunk_count(db, org_id, export_id) == 0
+
+
+async def _some_chunks(db: Database, org_id: str, export_id: str) -> bool:
+    return await chunk_count(db, org_id, export_id) > 0
+
+
+def _small(settings: Settings) -> Settings:
+    # One ticket per batch and tiny chunks: the paused worker has stored chunks that must not outlive its cancel.
+    return tuned(settings, export_batch_rows=1, export_chunk_bytes=16)
 
 
 async def test_admin_matrix_over_list_cancel_and_download(api: Api, db: Database, settings: Settings) -> None:
@@ -168,8 +178,9 @@ async def test_revocation_cancels_at_once_and_the_paused_worker_publishes_nothin
     queued = await create_export(api, org, org.member, {"kind": "snapshot"})
     eid, oid = uid(running["id"]), uid(org.id)
     gate = Gate({"batch"})
-    async with background(run_export(runner(tuned(settings, export_batch_rows=1), db), eid, oid, gate=gate), gate) as w:
-        await gate.reached("batch")  # the worker is paused mid-read, its first chunk stored
+    async with background(run_export(runner(_small(settings), db), eid, oid, gate=gate), gate) as w:
+        await gate.reached("batch")  # the worker is paused mid-read
+        await wait_for(lambda: _some_chunks(db, org.id, running["id"]), "the first chunks to be stored")
         if change == "demote":
             r = await api.call("PATCH", org.path(f"/members/{org.member.id}"), org.owner, json={"role": "customer"})
             assert r.status_code == 200, r.text
