@@ -59,6 +59,9 @@ async def test_every_action_is_recorded_with_actor_target_and_order(api: Api, db
     r = await api.call("PATCH", org.path(f"/members/{x.id}"), owner, json={"role": "admin"})
     assert r.status_code == 200
     see("member.role_changed", owner, "user", x.id)
+    # The same role again changes nothing, and records nothing.
+    r = await api.call("PATCH", org.path(f"/members/{x.id}"), owner, json={"role": "admin"})
+    assert r.status_code == 200
 
     e1 = (await create_export(api, org, x, {"kind": "snapshot"}))["id"]
     see("export.requested", x, "export", e1)

@@ -184,18 +184,19 @@ async def change_role(
     if m.role == Role.owner and role is not Role.owner:
         await _ensure_not_last_owner(session, org_id)
     before = m.role
-    m.role = role.value
-    await session.flush()
-    await audit.record(
-        session,
-        org_id,
-        AuditAction.member_role_changed,
-        audit.Target.user(user_id),
-        actor_id=actor_id,
-        ip=ip,
-        details={"from": before, "to": role.value},
-    )
-    await exports.cancel_for_role(session, org_id, user_id, role, actor_id=actor_id, ip=ip)
+    if before != role.value:
+        m.role = role.value
+        await session.flush()
+        await audit.record(
+            session,
+            org_id,
+            AuditAction.member_role_changed,
+            audit.Target.user(user_id),
+            actor_id=actor_id,
+            ip=ip,
+            details={"from": before, "to": role.value},
+        )
+        await exports.cancel_for_role(session, org_id, user_id, role, actor_id=actor_id, ip=ip)
     user = await session.get_one(User, user_id)
     return _member_out(m, user)
 
