@@ -10,9 +10,10 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 
+from space.audit.routes import AuditController
 from space.auth.deps import DEPENDENCIES
 from space.auth.middleware import AUTHENTICATION
-from space.config import Settings
+from space.config import Settings, parse_networks
 from space.db import Database, app_url, check_app_role
 from space.errors import EXCEPTION_HANDLERS
 from space.exports.downloads import DownloadSlots
@@ -58,6 +59,7 @@ def create_app(settings: Settings) -> Litestar:
         app.state.settings = settings
         app.state.queue = queue
         app.state.download_slots = DownloadSlots(settings.download_concurrency)
+        app.state.trusted_proxies = parse_networks(settings.trusted_proxies)
         try:
             # SPEC §14: a role that could see past RLS stops start-up (AppRoleError) before any request.
             async with db.engine.connect() as conn:
@@ -72,7 +74,7 @@ def create_app(settings: Settings) -> Litestar:
                 await db.dispose()
 
     return Litestar(
-        route_handlers=[health, me, orgs_router, projects_router, tickets_router, ExportController],
+        route_handlers=[health, me, orgs_router, projects_router, tickets_router, ExportController, AuditController],
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[AUTHENTICATION],

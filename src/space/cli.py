@@ -21,6 +21,7 @@ from space.config import Settings, SettingsError, data_path, load_settings
 from space.failures import OperatorError, expect_database, explain, port_in_use
 
 if TYPE_CHECKING:
+    import uvicorn
     from sqlalchemy.ext.asyncio import AsyncSession
 
 T = TypeVar("T")
@@ -233,6 +234,17 @@ def _base_url(settings: Settings, sock: socket.socket) -> str:
     return f"http://{host}:{sock.getsockname()[1]}"
 
 
+def server_config(settings: Settings, log_level: str = "info") -> uvicorn.Config:
+    """uvicorn's configuration of the API."""
+    import uvicorn
+
+    from space.app import create_app
+
+    # uvicorn would otherwise rewrite the peer from X-Forwarded-For for any request from 127.0.0.1, so a local
+    # process could name any address in the audit trail; SPACE_TRUSTED_PROXIES alone decides (space.audit).
+    return uvicorn.Config(create_app(settings), log_level=log_level, proxy_headers=False)
+
+
 async def _serve(settings: Settings, sock: socket.socket, *, with_worker: bool, on_ready: Callable[[], None]) -> None:
     """Serve the API on `sock` (and a worker beside it) until a signal; call `on_ready` once both are up.
 
@@ -241,7 +253,6 @@ async def _serve(settings: Settings, sock: socket.socket, *, with_worker: bool, 
     import uvicorn
 
     from space import redaction
-    from space.app import create_app
 
     class Server(uvicorn.Server):
         """uvicorn's server, which tells when it listens (after the app's start-up), so the banner is true."""
@@ -259,7 +270,7 @@ async def _serve(settings: Settings, sock: socket.socket, *, with_worker: bool, 
             if self.started:
                 self.listening.set()
 
-    server = Server(uvicorn.Config(create_app(settings), log_level="info"))
+    server = Server(server_config(settings))
     # After uvicorn's Config, which configures its loggers: the access log quotes each path, link tokens included.
     redaction.install()
     stopping = asyncio.Event()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,6 +66,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     None: the key `space migrate` keeps in the database."""
     download_link_ttl_seconds: PositiveInt = 300
     """How long a download link works after it is minted, in seconds."""
+    trusted_proxies: str = ""
+    """Comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client (audit `ip`)."""
+
+    def __post_init__(self) -> None:
+        # Fails start-up (wrapped by msgspec as a validation error naming the field) on a malformed entry.
+        parse_networks(self.trusted_proxies)
 
 
 # Environment variable -> Settings field. Only these are read; everything else in the environment is ignored.
@@ -95,6 +102,7 @@ ENV_VARS: dict[str, str] = {
     "SPACE_DOWNLOAD_CONCURRENCY": "download_concurrency",
     "SPACE_SECRET_KEY": "secret_key",
     "SPACE_DOWNLOAD_LINK_TTL_SECONDS": "download_link_ttl_seconds",
+    "SPACE_TRUSTED_PROXIES": "trusted_proxies",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"
@@ -123,6 +131,23 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
 def _ignored(name: str) -> bool:
     # Test-suite variables share the prefix but are not settings of the service.
     return name.startswith("SPACE_TEST_")
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_networks(text: str) -> tuple[Network, ...]:
+    """`SPACE_TRUSTED_PROXIES`: comma-separated addresses or CIDRs; ValueError names the entry that is neither."""
+    networks = []
+    for part in text.split(","):
+        entry = part.strip()
+        if not entry:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            raise ValueError(f"{entry!r} is not an IP address or network") from None
+    return tuple(networks)
 
 
 def data_path(settings: Settings) -> Path:

@@ -113,6 +113,10 @@ class RangeNotSatisfiable(SpaceError):
     status, code, title = 416, "range_not_satisfiable", "Range not satisfiable"
 
 
+class ExportRevoked(SpaceError):
+    status, code, title = 410, "export_revoked", "Export revoked by an admin"
+
+
 class RateLimited(SpaceError):
     status, code, title = 429, "export_rate_limited", "Too many exports"
 

@@ -13,9 +13,10 @@ import pytest
 from psycopg_pool import PoolClosed
 from saq import Worker
 from saq.queue.postgres import PostgresQueue
+from sqlalchemy import text
 
 from space.config import Settings
-from space.db import Database, queue_conninfo
+from space.db import Database, Tenant, UnitOfWork, queue_conninfo
 from space.exports.failures import LeaseLost
 from space.exports.jobs import run_export_job
 from space.exports.lease import Built, Lease
@@ -99,11 +100,10 @@ async def test_stale_worker_takeover_changes_nothing(api: Api, db: Database, set
     assert sorted(p["name"] for p in body["projects"]) == ["new snapshot", "old snapshot"]
     assert "new task" in r.text
     assert after_b["row_count"] == 4
-    # A's chunks were never published: the cleanup removes them, B's stay.
+    # A's chunks were never published: they went when A found its lease lost; B's stay, cleanup or not.
     store = PgResultStore(db.sessionmaker)
-    assert [c async for c in store.read(ResultKey(oid, eid, lease_a.execution_id))] != []
-    await cleanup(db, store)
     assert [c async for c in store.read(ResultKey(oid, eid, lease_a.execution_id))] == []
+    await cleanup(db, store)
     assert (await download(api, org, org.owner, export["id"])).content == r.content
 
 
@@ -144,9 +144,10 @@ async def test_access_lost_during_read_fails_access_revoked(
             r = await api.call("DELETE", org.path(f"/members/{org.member.id}"), org.owner)
             assert r.status_code == 204, r.text
         gate.open_all()
-        assert await w == "access_revoked"
+        # The change cancelled the export in its own transaction (SPEC §12): the worker's next write is refused.
+        assert await w == "lease_lost"
     job = await job_row(db, org.id, eid)
-    assert (job.state, job.error_code, job.sha256, job.expires_at) == ("failed", "access_revoked", None, None)
+    assert (job.state, job.error_code, job.sha256, job.expires_at) == ("cancelled", "access_revoked", None, None)
     assert await chunk_count(db, org.id, eid) == 0
     assert_problem(await download(api, org, org.member, export["id"]), 403, "access_revoked")
 
@@ -154,8 +155,13 @@ async def test_access_lost_during_read_fails_access_revoked(
 async def test_eligibility_is_checked_before_reading(api: Api, db: Database, settings: Settings) -> None:
     org = await api.org()
     export = await create_export(api, org, org.member, {"kind": "snapshot"})
-    r = await api.call("PATCH", org.path(f"/members/{org.member.id}"), org.owner, json={"role": "customer"})
-    assert r.status_code == 200
+    # Written directly: the role-change route would cancel the export before any worker saw it (SPEC §12), and
+    # this is about the worker's own check (a row changed by anything else, or a cancel it raced with).
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=uid(org.id))) as uow:
+        await uow.session.execute(
+            text("UPDATE memberships SET role = 'customer' WHERE org_id = :org AND user_id = :user"),
+            {"org": uid(org.id), "user": org.member.id},
+        )
     gate = Gate(set())
     assert await run_export(runner(settings, db), uid(export["id"]), uid(org.id), gate=gate) == "access_revoked"
     assert "counted" not in gate.seen

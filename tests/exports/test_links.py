@@ -386,3 +386,29 @@ async def test_a_links_user_is_authorized_again_at_every_use(
     assert (await api.call("DELETE", org.path(f"/exports/{export_id}"), org.owner)).status_code == 204
     assert_problem(await fetch(api, url), 404, "not_found")
     assert_problem(await fetch(api, url, range="bytes=0-0"), 404, "not_found")
+
+
+async def test_links_and_their_downloads_are_in_the_audit_trail(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org("Links audited")
+    await add_tickets(db, org.id, org.member, [f"audited ticket {i}" for i in range(20)])
+    export_id = await completed_export(api, db, settings, org, CSV)
+    link = await mint(api, org, export_id)
+    whole = await fetch(api, link["url"])
+    part = await fetch(api, link["url"], Range="bytes=10-19")
+    assert (whole.status_code, part.status_code) == (200, 206)
+    # A 304 and a HEAD send no file: nothing is recorded for them.
+    assert (await fetch(api, link["url"], **{"If-None-Match": whole.headers["etag"]})).status_code == 304
+    assert (await api.client.head(link["url"])).status_code == 200
+
+    r = await api.call("GET", org.path("/audit"), org.owner)
+    assert r.status_code == 200, r.text
+    rows = [i for i in r.json()["items"] if i["target"] == {"type": "export", "id": export_id}]
+    by_action = [(i["action"], i["details"]) for i in rows if i["action"] != "export.completed"][::-1]
+    assert by_action[1:] == [
+        ("export.link_created", {"expiresAt": link["expiresAt"]}),
+        ("export.downloaded", {"via": "link", "range": None, "bytes": len(whole.content)}),
+        ("export.downloaded", {"via": "link", "range": "bytes=10-19", "bytes": 10}),
+    ]
+    assert all(i["actor"] == {"userId": str(org.owner.id), "name": org.owner.name} for i in rows[:3])
+    # The trail never holds the token.
+    assert token_of(link["url"]) not in r.text

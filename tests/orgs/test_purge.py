@@ -38,11 +38,12 @@ async def test_purge_removes_every_row_of_the_due_org_only(
     doomed, kept = await api0.org(), await api0.org()
     await seed(api0, db, settings0, doomed)
     await seed(api0, db, settings0, kept)
+    project_id = (await api0.call("GET", doomed.path("/projects"), doomed.member)).json()["items"][0]["id"]
+    # Counted after the request: it writes the audit trail's org.deletion_requested, which the purge removes too.
+    await request_deletion(api0, doomed)
     before, kept_before = counts_of(owner, doomed.id), counts_of(owner, kept.id)
     assert all(n > 0 for n in before.values()), before
     assert all(n > 0 for n in kept_before.values()), kept_before
-    project_id = (await api0.call("GET", doomed.path("/projects"), doomed.member)).json()["items"][0]["id"]
-    await request_deletion(api0, doomed)
 
     results = await purge_due(settings0, db)
 
@@ -67,8 +68,8 @@ async def test_purge_interrupted_between_batches_resumes(
 ) -> None:
     org = await api0.org()
     await seed(api0, db, settings0, org)
-    before = counts_of(owner, org.id)
     await request_deletion(api0, org)
+    before = counts_of(owner, org.id)
     batches: list[tuple[str, int]] = []
 
     class Crash(Exception):
@@ -139,8 +140,8 @@ async def test_purge_job_entry_point(
 ) -> None:
     org = await api0.org()
     await seed(api0, db, settings0, org, projects=1, tickets=1)
-    before = counts_of(owner, org.id)
     await request_deletion(api0, org)
+    before = counts_of(owner, org.id)
     out = await purge_due_job({"settings": settings0, "db": db})
     entry = next(p for p in out["purged"] if p["orgId"] == org.id)
     assert entry["counts"] == before

@@ -14,8 +14,9 @@ request that would have been refused.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
@@ -54,6 +55,10 @@ class DownloadSlots:
     def release(self) -> None:
         """Give a taken slot back."""
         self.in_use -= 1
+
+
+OnStart = Callable[[], Awaitable[None]]
+"""Called once a download holds its slot, before its first byte (the audit trail's `export.downloaded`)."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,13 @@ def not_modified(if_none_match: str | None, etag: str) -> bool:
     return any(t == "*" or t.removeprefix("W/") == etag for t in tags)
 
 
-def respond(download: Download, request: Request[Any, Any, Any], slots: DownloadSlots) -> Response[Any]:
+Recorder = Callable[[str | None, int], Awaitable[None]]
+"""Records a download as it starts, given the range served (`bytes=a-b`, or None for the whole) and its bytes."""
+
+
+def respond(
+    download: Download, request: Request[Any, Any, Any], slots: DownloadSlots, record: Recorder | None = None
+) -> Response[Any]:
     """The answer to an authorized GET or HEAD of a result: 304, 206, 200 (or RangeNotSatisfiable).
 
     Runs only after SPEC §6's authorization, so no conditional or range answer ever bypasses it. A range is
@@ -127,7 +138,11 @@ def respond(download: Download, request: Request[Any, Any, Any], slots: Download
     # Litestar leaves Content-Type out of a HEAD response; SPEC §11 wants GET's headers, so it is set here.
     headers["Content-Type"] = download.content_type
     body = _nothing() if request.method == "HEAD" else download.body(start, end)
-    return DownloadStream(body, slots=slots, media_type=download.content_type, headers=headers, status_code=status)
+    served = None if part is None else f"bytes={start}-{end - 1}"
+    on_start = None if record is None else functools.partial(record, served, end - start)
+    return DownloadStream(
+        body, slots=slots, on_start=on_start, media_type=download.content_type, headers=headers, status_code=status
+    )
 
 
 async def _nothing() -> AsyncIterator[bytes]:
@@ -156,13 +171,20 @@ def no_referrer_for_links(app: ASGIApp) -> ASGIApp:
 
 
 class DownloadStream(Stream):
-    """A result streamed to its client while it holds a download slot; 503 `busy` when none is free."""
+    """A result streamed to its client while it holds a download slot; 503 `busy` when none is free.
 
-    __slots__ = ("slots",)
+    `on_start` runs when the body is about to go out (never for HEAD, busy or a refusal); if it raises, nothing
+    is sent but the error's answer: a download the audit trail could not record does not happen.
+    """
 
-    def __init__(self, content: AsyncIterator[bytes], *, slots: DownloadSlots, **kwargs: Any) -> None:
+    __slots__ = ("on_start", "slots")
+
+    def __init__(
+        self, content: AsyncIterator[bytes], *, slots: DownloadSlots, on_start: OnStart | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(content, **kwargs)
         self.slots = slots
+        self.on_start = on_start
 
     def to_asgi_response(self, app: Any, request: Request[Any, Any, Any], **kwargs: Any) -> ASGIResponse:
         """The stream's ASGI response inside the slot guard (bodiless for HEAD: Litestar doesn't decide that)."""
@@ -176,19 +198,26 @@ class DownloadStream(Stream):
             )
             return problem_for(error).to_asgi_response(None, request)
 
-        return _InSlot(stream, self.slots, busy)
+        return _InSlot(stream, self.slots, busy, self.on_start)
 
 
 class _InSlot(ASGIResponse):
     """Sends `stream` while holding a slot, or the busy answer; an ASGIResponse only so Litestar can send it."""
 
-    __slots__ = ("_busy", "_slots", "_stream")
+    __slots__ = ("_busy", "_on_start", "_slots", "_stream")
 
-    def __init__(self, stream: ASGIResponse, slots: DownloadSlots, busy: Callable[[], ASGIResponse]) -> None:
+    def __init__(
+        self,
+        stream: ASGIResponse,
+        slots: DownloadSlots,
+        busy: Callable[[], ASGIResponse],
+        on_start: OnStart | None = None,
+    ) -> None:
         super().__init__(status_code=stream.status_code)
         self._stream = stream
         self._slots = slots
         self._busy = busy
+        self._on_start = on_start
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # A HEAD response streams nothing, so it takes no slot.
@@ -199,6 +228,8 @@ class _InSlot(ASGIResponse):
             await self._busy()(scope, receive, send)
             return
         try:
+            if self._on_start is not None:
+                await self._on_start()
             await self._stream(scope, receive, send)
         finally:
             self._slots.release()

@@ -20,6 +20,8 @@ from typing import Any
 from saq import Job
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from space.audit import service as audit
+from space.audit.models import AuditAction
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.db.locks import lock_org_claims
@@ -75,7 +77,7 @@ class Lease:
             # The org's claims queue here, so two of them can't both count room for one more.
             await lock_org_claims(uow.session, org_id)
             if await ledger.running(uow.session, org_id) >= settings.export_org_concurrency:
-                if await ledger.fail_exhausted(uow.session, export_id, org_id, max_attempts=max_attempts):
+                if await fail_exhausted(uow.session, export_id, org_id, max_attempts=max_attempts):
                     return None
                 if await ledger.claimable(uow.session, export_id, org_id, max_attempts=max_attempts):
                     raise Deferred(f"org {org_id} runs {settings.export_org_concurrency} exports already")
@@ -87,7 +89,7 @@ class Lease:
                 lease_seconds=settings.export_lease_seconds,
             )
             if row is None:
-                await ledger.fail_exhausted(uow.session, export_id, org_id, max_attempts=max_attempts)
+                await fail_exhausted(uow.session, export_id, org_id, max_attempts=max_attempts)
                 return None
         return cls(
             db=db,
@@ -140,11 +142,13 @@ class Lease:
 
     async def fail(self, code: str) -> None:
         """Mark the export failed with `code` (a stale execution's failure changes nothing)."""
-        await self._write(**ledger.failed(code))
+        async with UnitOfWork(self.db.sessionmaker, Tenant(org_id=self.org_id)) as uow:
+            await self.fail_in(uow.session, code)
 
     async def fail_in(self, session: AsyncSession, code: str) -> None:
-        """`fail`, inside the caller's transaction (the publish step, under the org lock)."""
+        """`fail`, inside the caller's transaction (the publish step, under the org lock); audited with it."""
         await self.write_in(session, **ledger.failed(code))
+        await record_failure(session, self.export_id, self.org_id, code)
 
     async def hand_back(self) -> None:
         """Give the export back (queued, no lease) so a retry can claim it at once instead of after expiry."""
@@ -161,6 +165,15 @@ class Lease:
                 byte_size=built.byte_size,
                 sha256=built.sha256,
             ),
+        )
+        details = {"rows": built.row_count, "bytes": built.byte_size}
+        await audit.record(
+            session,
+            self.org_id,
+            AuditAction.export_completed,
+            audit.Target.export(self.export_id),
+            actor_id=None,
+            details=details,
         )
 
     # --- the heartbeat ------------------------------------------------------------------------------------------
@@ -190,6 +203,26 @@ class Lease:
         if self._heartbeat is not None:
             await self._heartbeat.settle()
         self.check()
+
+
+async def fail_exhausted(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID, *, max_attempts: int) -> bool:
+    """Fail `worker_lost` a claimable export that has used all its attempts (audited); whether one was."""
+    if not await ledger.fail_exhausted(session, export_id, org_id, max_attempts=max_attempts):
+        return False
+    await record_failure(session, export_id, org_id, "worker_lost")
+    return True
+
+
+async def record_failure(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID, code: str) -> None:
+    """`export.failed` by the system, in the transaction that failed the export."""
+    await audit.record(
+        session,
+        org_id,
+        AuditAction.export_failed,
+        audit.Target.export(export_id),
+        actor_id=None,
+        details={"errorCode": code},
+    )
 
 
 class Heartbeat:

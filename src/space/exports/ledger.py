@@ -21,9 +21,12 @@ from sqlalchemy import ColumnElement, and_, bindparam, exists, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import Interval
 
+from space.auth.models import User
 from space.exports.models import ACTIVE_STATES, ExportJob, ExportKind, ExportState
 
 ACTIVE = tuple(s.value for s in ACTIVE_STATES)
+REVOKED = "export_revoked"
+"""The errorCode of a completed export whose result an owner or admin of the org removed."""
 FINAL_EXPORT_KINDS = (ExportKind.snapshot.value,)
 """Kinds that satisfy the final-export rule of a deletion request (SPEC §3)."""
 _MINUTE = func.make_interval(0, 0, 0, 0, 0, 1)
@@ -157,6 +160,60 @@ async def newest_owned(
     return [(job, now) for job, now in rows.all()]
 
 
+async def newest_in_org(
+    session: AsyncSession, org_id: uuid.UUID, limit: int
+) -> list[tuple[ExportJob, str, dt.datetime]]:
+    """Every member's `limit` newest (not deleted) exports in the org, with the creator's name and the database's
+    now (the owners' and admins' view)."""
+    rows = await session.execute(
+        select(ExportJob, User.name, func.now())
+        .join(User, User.id == ExportJob.creator_id)
+        .where(ExportJob.org_id == org_id, ExportJob.deleted_at.is_(None))
+        .order_by(ExportJob.created_at.desc(), ExportJob.id.desc())
+        .limit(limit)
+    )
+    return [(job, name, now) for job, name, now in rows.all()]
+
+
+async def in_org(
+    session: AsyncSession, org_id: uuid.UUID, export_id: uuid.UUID
+) -> tuple[ExportJob, dt.datetime] | None:
+    """Any member's (not deleted) export in the org, locked FOR UPDATE, with the database's now; None otherwise."""
+    row = (
+        await session.execute(
+            select(ExportJob, func.now())
+            .where(ExportJob.id == export_id, ExportJob.org_id == org_id, ExportJob.deleted_at.is_(None))
+            .with_for_update(of=ExportJob)
+            .execution_options(populate_existing=True)
+        )
+    ).first()
+    return None if row is None else (row[0], row[1])
+
+
+async def cancel_active_of(
+    session: AsyncSession, org_id: uuid.UUID, creator_id: uuid.UUID, scopes: tuple[str, ...], code: str
+) -> list[uuid.UUID]:
+    """Cancel the creator's queued and running exports of `scopes` with `code`; the ids cancelled.
+
+    A running worker's next fenced write then matches no row, so it stops and publishes nothing.
+    """
+    now = func.statement_timestamp()
+    ids = await session.scalars(
+        update(ExportJob)
+        .where(
+            ExportJob.org_id == org_id,
+            ExportJob.creator_id == creator_id,
+            ExportJob.state.in_(ACTIVE),
+            ExportJob.scope.in_(scopes),
+            ExportJob.deleted_at.is_(None),
+        )
+        .values(state=ExportState.cancelled.value, error_code=code, lease_expires_at=None, completed_at=now)
+        .returning(ExportJob.id)
+        .execution_options(synchronize_session=False)
+    )
+    return sorted(ids)
+
+
 def cancel(job: ExportJob, now: dt.datetime, code: str) -> None:
     """A queued or running export stops: the running worker's next fenced write matches nothing."""
     job.state = ExportState.cancelled.value
@@ -170,6 +227,13 @@ def hide(job: ExportJob, now: dt.datetime) -> None:
     result gone."""
     job.deleted_at = now
     if job.state == ExportState.completed and job.purged_at is None:
+        job.purged_at = now
+
+
+def revoke(job: ExportJob, now: dt.datetime) -> None:
+    """An admin takes a completed result away from its owner: the bytes go, the row says why (`export_revoked`)."""
+    job.error_code = REVOKED
+    if job.purged_at is None:
         job.purged_at = now
 
 

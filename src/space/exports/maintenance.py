@@ -12,6 +12,7 @@ from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.errors import NotFound
 from space.exports import ledger
+from space.exports.lease import fail_exhausted
 from space.exports.models import ExportState
 from space.exports.queue import enqueue_export
 from space.exports.storage import ResultKey, ResultStore
@@ -58,9 +59,7 @@ async def reconcile(settings: Settings, db: Database, queue: Queue, limit: int =
     for export_id, org_id, state, attempt in candidates:
         if state == ExportState.running.value and attempt >= settings.export_retries:
             async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
-                failed += await ledger.fail_exhausted(
-                    uow.session, export_id, org_id, max_attempts=settings.export_retries
-                )
+                failed += await fail_exhausted(uow.session, export_id, org_id, max_attempts=settings.export_retries)
             continue
         orgs[org_id] = None
     requeued = 0

@@ -81,6 +81,10 @@ async def run_export(runner: ExportRunner, export_id: uuid.UUID, org_id: uuid.UU
         except ExportFailure as failure:
             outcome = await _fail(runner, lease, failure.code)
         except LeaseLost:
+            # Cancelled (by its owner, an admin, or a role change) or taken over: this execution is never
+            # published, so its chunks go now rather than at the next cleanup. No other execution's are touched.
+            with contextlib.suppress(Exception):
+                await runner.store.delete(lease.key)
             outcome = "lease_lost"
         except asyncio.CancelledError:
             # Shutdown or SAQ's timeout: hand the export back so the next claim need not wait for the lease.

@@ -6,6 +6,7 @@ export column and §6's download order itself.
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any
 
 from litestar import Controller, HttpMethod, Request, Response, delete, get, post, route
@@ -14,14 +15,15 @@ from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, JSONBody, QueryParameter
 from saq import Queue
 
+from space.audit import service as audit
 from space.auth.service import Principal, authenticate, principal_of
 from space.config import Settings
-from space.db import Tenant, UnitOfWork
+from space.db import Database, Tenant, UnitOfWork
 from space.errors import InvalidRequest, LinkInvalid
 from space.exports import service
 from space.exports.downloads import DownloadSlots, no_referrer_for_links, respond
 from space.exports.links import LinkGrant, LinkSigner
-from space.exports.schemas import Export, ExportCreate, Link
+from space.exports.schemas import Export, ExportCreate, Link, OrgExport
 from space.exports.storage import PgResultStore, ResultStore
 from space.orgs.deps import MEMBER, MemberContext, parse_id
 from space.schemas import Items
@@ -42,6 +44,19 @@ def provide_download_slots(state: State) -> DownloadSlots:
     """This process's download slots (SPEC §11's per-process cap)."""
     slots: DownloadSlots = state.download_slots
     return slots
+
+
+def provide_db(state: State) -> Database:
+    """The app-role database (the download's audit row is written in a transaction of its own)."""
+    db: Database = state.db
+    return db
+
+
+class ListScope(enum.StrEnum):
+    """`own`: the caller's exports; `org`: every member's (owners and admins)."""
+
+    own = "own"
+    org = "org"
 
 
 def provide_settings(state: State) -> Settings:
@@ -115,6 +130,7 @@ class ExportController(Controller):
         "settings": Provide(provide_settings, sync_to_thread=False),
         "slots": Provide(provide_download_slots, sync_to_thread=False),
         "signer": Provide(provide_signer, sync_to_thread=False),
+        "db": Provide(provide_db, sync_to_thread=False),
     }
     opt = {"state_exempt": True, "allow_former_member": True}
 
@@ -127,12 +143,20 @@ class ExportController(Controller):
         queue: NamedDependency[Queue],
     ) -> Response[Export]:
         """Request an export; it is built in the background. 202 with its Location."""
-        export = await service.create_export(ctx.uow, ctx.org.id, ctx.membership, data, settings, queue)
+        export = await service.create_export(ctx.uow, ctx.org.id, ctx.membership, data, settings, queue, ip=ctx.ip)
         return Response(export, status_code=202, headers={"Location": f"/orgs/{ctx.org.id}/exports/{export.id}"})
 
     @get("/")
-    async def list_exports(self, ctx: NamedDependency[MemberContext]) -> Items[Export]:
-        """The caller's exports in this org, newest first."""
+    async def list_exports(
+        self,
+        ctx: NamedDependency[MemberContext],
+        # `scope` is a name Litestar reserves for the ASGI scope, hence the alias.
+        list_scope: Annotated[ListScope, QueryParameter(name="scope")] = ListScope.own,
+    ) -> Items[Export] | Items[OrgExport]:
+        """The caller's exports in this org, newest first; `scope=org`: every member's, with creators (owners and
+        admins)."""
+        if list_scope is ListScope.org:
+            return Items(items=await service.list_org_exports(ctx.uow.session, ctx.org, ctx.membership))
         return Items(items=await service.list_exports(ctx.uow.session, ctx.org, ctx.membership))
 
     @get("/{export_id:str}")
@@ -144,8 +168,8 @@ class ExportController(Controller):
     async def remove(
         self, ctx: NamedDependency[MemberContext], export_id: FromPath[str], store: NamedDependency[ResultStore]
     ) -> None:
-        """Cancel a queued/running export, or delete a finished one."""
-        await service.delete_export(ctx.uow, ctx.org.id, ctx.membership, parse_id(export_id), store)
+        """Cancel a queued/running export, or delete a finished one (owners and admins: any member's)."""
+        await service.delete_export(ctx.uow, ctx.org.id, ctx.membership, parse_id(export_id), store, ip=ctx.ip)
 
     @post("/{export_id:str}/links", status_code=201)
     async def create_link(
@@ -166,6 +190,7 @@ class ExportController(Controller):
             store,
             signer,
             settings.download_link_ttl_seconds,
+            ip=ctx.ip,
         )
 
     @route(
@@ -187,6 +212,7 @@ class ExportController(Controller):
         store: NamedDependency[ResultStore],
         slots: NamedDependency[DownloadSlots],
         link: NamedDependency[LinkGrant | None],
+        db: NamedDependency[Database],
     ) -> Response[Any]:
         """Download the result, authorized again now (SPEC §6), streamed from storage in a download slot; one byte
         range (206), If-Range, If-None-Match (304) and HEAD (SPEC §11)."""
@@ -200,4 +226,18 @@ class ExportController(Controller):
             via="bearer" if link is None else "link",
             execution_id=None if link is None else link.execution_id,
         )
-        return respond(download, request, slots)
+
+        async def record(served: str | None, size: int) -> None:
+            # The trail says what left, as the response starts: not for a refusal, a 304 or a busy server.
+            await audit.record_download(
+                db,
+                ctx.org.id,
+                ctx.principal.user_id,
+                download.export_id,
+                via="bearer" if link is None else "link",
+                byte_range=served,
+                size=size,
+                ip=ctx.ip,
+            )
+
+        return respond(download, request, slots, record)

@@ -53,3 +53,16 @@ class Link(Output):
 
     url: str
     expires_at: dt.datetime
+
+
+class ExportCreator(Output):
+    """Who requested an export (the org-wide list)."""
+
+    user_id: uuid.UUID
+    name: str
+
+
+class OrgExport(Export):
+    """An export in the org-wide list of owners and admins: metadata and its creator, never its content."""
+
+    creator: ExportCreator

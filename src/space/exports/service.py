@@ -8,12 +8,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 from saq import Queue
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from space.audit import service as audit
+from space.audit.models import AuditAction
 from space.config import Settings
 from space.db import UnitOfWork
 from space.db.locks import lock_user
@@ -23,6 +25,7 @@ from space.errors import (
     ExportFailed,
     ExportNotReady,
     ExportQuotaExceeded,
+    ExportRevoked,
     Forbidden,
     LinkInvalid,
     NotFound,
@@ -33,7 +36,7 @@ from space.exports import ledger
 from space.exports.links import LinkGrant, LinkSigner
 from space.exports.models import FAILED_STATES, ExportJob, ExportKind, ExportScope, ExportState
 from space.exports.queue import enqueue_quietly
-from space.exports.schemas import Export, ExportCreate, Link, SnapshotRequest
+from space.exports.schemas import Export, ExportCreate, ExportCreator, Link, OrgExport, SnapshotRequest
 from space.exports.storage import ResultKey, ResultMissing, ResultStore
 from space.orgs import service as orgs
 from space.orgs.models import Membership, Organization, OrgState, Role
@@ -47,11 +50,17 @@ BUSY_RETRY_AFTER = 30
 """Seconds to wait when the rate limit is held by exports still running (their end can't be predicted)."""
 LIST_LIMIT = 200
 """The newest exports a list shows."""
+CANCELLED_BY_ADMIN = "cancelled_by_admin"
+ACCESS_REVOKED = "access_revoked"
 
 
 def export_out(job: ExportJob, *, can_download: bool) -> Export:
     """The API shape of an export."""
-    return Export(
+    return Export(**_fields(job, can_download))
+
+
+def _fields(job: ExportJob, can_download: bool) -> dict[str, Any]:
+    return dict(
         id=job.id,
         kind=ExportKind(job.kind),
         state=ExportState(job.state),
@@ -97,6 +106,8 @@ async def create_export(
     data: ExportCreate,
     settings: Settings,
     queue: Queue,
+    *,
+    ip: str | None = None,
 ) -> Export:
     """Create an export under the org lock (membership, org state, quota, rate limits), enqueue it after commit.
 
@@ -146,6 +157,15 @@ async def create_export(
         ),
     )
     export_id = job.id
+    await audit.record(
+        session,
+        org.id,
+        AuditAction.export_requested,
+        audit.Target.export(export_id),
+        actor_id=user_id,
+        ip=ip,
+        details={"kind": job.kind, "scope": job.scope},
+    )
     # The queue carries at most the org's concurrency of its exports: the rest wait in the ledger, oldest first,
     # until an ending export wakes the org (under this lock: exports.maintenance.wake). One org's backlog then
     # never sits in the queue in front of another org's exports.
@@ -199,17 +219,58 @@ async def get_export(
     return export_out(job, can_download=_downloadable(org, member, job, now))
 
 
-async def delete_export(
-    uow: UnitOfWork, org_id: uuid.UUID, membership: Membership | None, export_id: uuid.UUID, store: ResultStore
-) -> None:
-    """Cancel a queued/running export; delete a finished one (its row stays hidden, its bytes go)."""
+async def list_org_exports(session: AsyncSession, org: Organization, membership: Membership | None) -> list[OrgExport]:
+    """Every member's exports in this org, newest first, with their creators (owners and admins; metadata only)."""
     member = _member(membership)
-    job, now = await _get_owned(uow.session, org_id, member.user_id, export_id, for_update=True)
-    if job.state in ledger.ACTIVE:
-        ledger.cancel(job, now, "cancelled")
+    orgs.ensure_role(Role(member.role), orgs.MANAGERS)
+    rows = await ledger.newest_in_org(session, org.id, LIST_LIMIT)
+    return [
+        OrgExport(
+            # Only an export's creator ever downloads it, whatever the caller's role.
+            **_fields(job, job.creator_id == member.user_id and _downloadable(org, member, job, now)),
+            creator=ExportCreator(user_id=job.creator_id, name=name),
+        )
+        for job, name, now in rows
+    ]
+
+
+async def delete_export(
+    uow: UnitOfWork,
+    org_id: uuid.UUID,
+    membership: Membership | None,
+    export_id: uuid.UUID,
+    store: ResultStore,
+    *,
+    ip: str | None = None,
+) -> None:
+    """Cancel a queued/running export; delete a finished one (its row stays hidden, its bytes go).
+
+    Owners and admins may also stop another member's export (`cancelled_by_admin`) or take its result away
+    (the owner's download then answers 410 `export_revoked`); they never get its content.
+    """
+    member = _member(membership)
+    session = uow.session
+    row = await ledger.owned(session, org_id, member.user_id, export_id, for_update=True)
+    details: dict[str, Any]
+    if row is not None:
+        job, now = row
+        if job.state in ledger.ACTIVE:
+            ledger.cancel(job, now, "cancelled")
+            action, details = AuditAction.export_cancelled, {"errorCode": "cancelled"}
+        else:
+            ledger.hide(job, now)
+            action, details = AuditAction.export_deleted, {"revoked": False}
     else:
-        ledger.hide(job, now)
-    await uow.session.flush()
+        if Role(member.role) not in orgs.MANAGERS:
+            raise NotFound()
+        found = await _as_manager(session, org_id, member.user_id, export_id)
+        if found is None:
+            return
+        job, action, details = found
+    await audit.record(
+        session, org_id, action, audit.Target.export(job.id), actor_id=member.user_id, ip=ip, details=details
+    )
+    await session.flush()
     if job.execution_id is not None:
         key = ResultKey(job.org_id, job.id, job.execution_id)
 
@@ -221,6 +282,60 @@ async def delete_export(
                 return
 
         uow.after_commit(drop)
+
+
+async def _as_manager(
+    session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, export_id: uuid.UUID
+) -> tuple[ExportJob, AuditAction, dict[str, Any]] | None:
+    # Under the org lock, as every decision by role (a demotion meanwhile is seen) and ordered with publishes.
+    await orgs.lock_org(session, org_id)
+    manager = await orgs.membership_of(session, org_id, user_id)
+    if manager is None or Role(manager.role) not in orgs.MANAGERS:
+        raise NotFound()
+    row = await ledger.in_org(session, org_id, export_id)
+    if row is None:
+        raise NotFound()
+    job, now = row
+    details: dict[str, Any] = {"creatorId": str(job.creator_id)}
+    if job.state in ledger.ACTIVE:
+        ledger.cancel(job, now, CANCELLED_BY_ADMIN)
+        return job, AuditAction.export_cancelled, {**details, "errorCode": CANCELLED_BY_ADMIN}
+    if job.state == ExportState.completed and job.error_code != ledger.REVOKED:
+        ledger.revoke(job, now)
+        return job, AuditAction.export_deleted, {**details, "revoked": True}
+    # Failed, cancelled or already revoked: nothing of its data is left to take away.
+    return None
+
+
+async def cancel_for_role(
+    session: AsyncSession,
+    org_id: uuid.UUID,
+    user_id: uuid.UUID,
+    role: Role | None,
+    *,
+    actor_id: uuid.UUID,
+    ip: str | None = None,
+) -> list[uuid.UUID]:
+    """Cancel (`access_revoked`) the member's queued and running exports that `role` can't hold (None: removed),
+    in the caller's transaction, which holds the org lock; the ids cancelled. Their workers lose their fence."""
+    if role is None:
+        scopes: tuple[str, ...] = (ExportScope.own.value, ExportScope.team.value)
+    elif not role.is_staff:
+        scopes = (ExportScope.team.value,)
+    else:
+        return []
+    cancelled = await ledger.cancel_active_of(session, org_id, user_id, scopes, ACCESS_REVOKED)
+    for export_id in cancelled:
+        await audit.record(
+            session,
+            org_id,
+            AuditAction.export_cancelled,
+            audit.Target.export(export_id),
+            actor_id=actor_id,
+            ip=ip,
+            details={"creatorId": str(user_id), "errorCode": ACCESS_REVOKED},
+        )
+    return cancelled
 
 
 async def has_recent_final_export(
@@ -291,6 +406,8 @@ async def open_result(
         )
     if job.state in {s.value for s in FAILED_STATES}:
         raise ExportFailed(f"The export {job.state}: {job.error_code}.", errorCode=job.error_code)
+    if job.error_code == ledger.REVOKED:
+        raise ExportRevoked("An owner or admin of the organization removed this export's result.")
     if job.purged_at is not None or job.expires_at is None or job.expires_at <= now:
         raise ExportExpired("The export's result has expired.")
     assert job.execution_id is not None and job.byte_size is not None and job.sha256 is not None
@@ -307,6 +424,8 @@ async def create_link(
     store: ResultStore,
     signer: LinkSigner,
     ttl_seconds: int,
+    *,
+    ip: str | None = None,
 ) -> Link:
     """A download link to a result the caller could download now (authorized exactly as a download)."""
     download = await open_result(session, org, user_id, membership, export_id, store)
@@ -314,7 +433,18 @@ async def create_link(
     expires_at = int(time.time()) + ttl_seconds
     grant = LinkGrant(user_id, org.id, export_id, download.key.execution_id, expires_at)
     url = f"/orgs/{org.id}/exports/{export_id}/result?token={signer.sign(grant)}"
-    return Link(url=url, expires_at=grant.expires)
+    link = Link(url=url, expires_at=grant.expires)
+    # The token itself is never recorded: the trail says that a link exists and until when, not how to use it.
+    await audit.record(
+        session,
+        org.id,
+        AuditAction.export_link_created,
+        audit.Target.export(export_id),
+        actor_id=user_id,
+        ip=ip,
+        details={"expiresAt": f"{link.expires_at:%Y-%m-%dT%H:%M:%SZ}"},  # whole seconds, UTC: as the API shows it
+    )
+    return link
 
 
 async def _checked(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:

@@ -16,6 +16,7 @@ from litestar import Request
 from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath
 
+from space.audit.service import client_ip
 from space.auth.service import Principal
 from space.db import Tenant, UnitOfWork
 from space.errors import NotFound
@@ -36,6 +37,8 @@ class MemberContext:
     principal: Principal
     org: Organization
     membership: Membership | None
+    ip: str | None = None
+    """Where the request came from (the audit trail's `ip`): the peer, or what a trusted proxy forwarded."""
 
     @property
     def role(self) -> Role | None:
@@ -60,6 +63,7 @@ async def provide_member(
     """Resolve org and membership under RLS; non-members and unknown orgs both get 404."""
     oid = parse_id(org_id)
     opt = request.route_handler.opt
+    ip = request_ip(request)
     await uow.retenant(Tenant(org_id=oid, user_id=principal.user_id))
     org = await uow.session.get(Organization, oid)
     if org is None or org.state == OrgState.deleted:
@@ -68,7 +72,7 @@ async def provide_member(
     if membership is None:
         if not opt.get("allow_former_member"):
             raise NotFound()
-        return MemberContext(uow, principal, org, None)
+        return MemberContext(uow, principal, org, None, ip)
     role = Role(membership.role)
     if role is Role.customer:
         # Customers see their own tickets only; RLS enforces it with this second setting.
@@ -78,7 +82,13 @@ async def provide_member(
         service.ensure_role(role, roles)
     if request.method not in READ_METHODS and not opt.get("state_exempt"):
         service.ensure_writable(org)
-    return MemberContext(uow, principal, org, membership)
+    return MemberContext(uow, principal, org, membership, ip)
+
+
+def request_ip(request: Request[Any, Any, Any]) -> str | None:
+    """The caller's address: the connection's peer, or X-Forwarded-For when that peer is a trusted proxy."""
+    peer = request.client.host if request.client else None
+    return client_ip(peer, request.headers.getall("x-forwarded-for", []), request.app.state.trusted_proxies)
 
 
 MEMBER = {"ctx": Provide(provide_member)}

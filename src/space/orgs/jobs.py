@@ -32,9 +32,15 @@ PURGE_TABLES: tuple[str, ...] = (
     "projects",
     "ticket_counters",
     "invitations",
+    "audit_events",
     "memberships",
 )
 """Every table holding an org's rows, children before parents (foreign keys). Missing tables are skipped."""
+
+_DELETE_BATCH = "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE org_id = :org LIMIT :n))"
+# The audit trail is append-only for the app role: its rows go through the one function allowed to delete
+# them (migration 0008), which does so only for the due org of this transaction's tenant context.
+_DELETE_STATEMENTS = {"audit_events": "SELECT space_audit_purge(:org, :n)"}
 
 PURGE_BATCH_ROWS = 1000
 """Rows deleted per transaction: keeps each lock short and each transaction small."""
@@ -144,12 +150,14 @@ async def _delete_batch(db: Database, org_id: uuid.UUID, table: str, batch_rows:
             raise _NotDue()
         # RLS limits both the inner SELECT and the DELETE to this org; the WHERE only makes it use the index.
         # Table names are interpolated only from PURGE_TABLES, never from input.
-        result = await session.execute(
-            text(f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE org_id = :org LIMIT :n))"),
-            {"org": org_id, "n": batch_rows},
-        )
-        assert isinstance(result, CursorResult)
-        deleted = int(result.rowcount)
+        statement = _DELETE_STATEMENTS.get(table)
+        params = {"org": org_id, "n": batch_rows}
+        if statement is not None:
+            deleted = int(await session.scalar(text(statement), params) or 0)
+        else:
+            result = await session.execute(text(_DELETE_BATCH.format(table=table)), params)
+            assert isinstance(result, CursorResult)
+            deleted = int(result.rowcount)
         # Counts live on the org row, written in the batch's own transaction; the first batch also marks
         # the purge as started, which ends the owner's chance to cancel.
         counts = {t: 0 for t in tables} | dict(org.purged_counts or {})

@@ -8,10 +8,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from space.audit import service as audit
+from space.audit.models import AuditAction
 from space.errors import FinalExportRecommended, InvalidRequest, InvalidTransition
 from space.exports import service as exports
 from space.orgs.models import Organization, OrgState, Role
@@ -55,6 +58,16 @@ TRANSITIONS: Mapping[Action, Transition] = MappingProxyType(
 
 Precondition = Callable[[Organization], Awaitable[None]]
 
+AUDITED: Mapping[Action, AuditAction] = MappingProxyType(
+    {
+        Action.suspend: AuditAction.org_suspended,
+        Action.reactivate: AuditAction.org_reactivated,
+        Action.request_deletion: AuditAction.org_deletion_requested,
+        Action.cancel_deletion: AuditAction.org_deletion_cancelled,
+    }
+)
+"""What each asked-for transition writes to the audit trail (the purge removes the trail with the org)."""
+
 
 async def change_state(
     session: AsyncSession,
@@ -64,6 +77,8 @@ async def change_state(
     actor_id: uuid.UUID | None,
     grace_seconds: int = 0,
     precondition: Precondition | None = None,
+    ip: str | None = None,
+    details: dict[str, Any] | None = None,
 ) -> Organization:
     """Lock the org, check the actor, `action` against TRANSITIONS (and `precondition`), then move it; flushes.
 
@@ -106,6 +121,16 @@ async def change_state(
             assert transition.target is not None
             org.state = transition.target.value
     await session.flush()
+    if action in AUDITED:
+        await audit.record(
+            session,
+            org_id,
+            AUDITED[action],
+            audit.Target.org(org_id),
+            actor_id=actor_id,
+            ip=ip,
+            details={"from": state.value, "to": org.state, **(details or {})},
+        )
     await session.refresh(org)
     return org
 
@@ -120,18 +145,24 @@ def _cancellable(org: Organization, now: dt.datetime) -> bool:
     return org.purged_counts is None and (org.delete_after is None or now < org.delete_after)
 
 
-async def suspend(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID) -> Org:
+async def suspend(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, *, ip: str | None = None) -> Org:
     """active -> suspended, asked by `actor_id` (an owner under the lock)."""
-    return org_out(await change_state(session, org_id, Action.suspend, actor_id=actor_id))
+    return org_out(await change_state(session, org_id, Action.suspend, actor_id=actor_id, ip=ip))
 
 
-async def reactivate(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID) -> Org:
+async def reactivate(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, *, ip: str | None = None) -> Org:
     """suspended -> active, asked by `actor_id` (an owner under the lock)."""
-    return org_out(await change_state(session, org_id, Action.reactivate, actor_id=actor_id))
+    return org_out(await change_state(session, org_id, Action.reactivate, actor_id=actor_id, ip=ip))
 
 
 async def request_deletion(
-    session: AsyncSession, org: Organization, owner_id: uuid.UUID, data: DeletionRequest, grace_seconds: int
+    session: AsyncSession,
+    org: Organization,
+    owner_id: uuid.UUID,
+    data: DeletionRequest,
+    grace_seconds: int,
+    *,
+    ip: str | None = None,
 ) -> Org:
     """active|suspended -> deleting, with deleteAfter = now + grace; needs the name and a recent final export."""
     if data.confirm != org.name:
@@ -153,10 +184,14 @@ async def request_deletion(
         actor_id=owner_id,
         grace_seconds=grace_seconds,
         precondition=final_export_taken,
+        ip=ip,
+        details={"skipFinalExport": data.skip_final_export},
     )
     return org_out(locked)
 
 
-async def cancel_deletion(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID) -> Org:
+async def cancel_deletion(
+    session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, *, ip: str | None = None
+) -> Org:
     """deleting -> the state before the request, during the grace period, asked by `actor_id` (an owner)."""
-    return org_out(await change_state(session, org_id, Action.cancel_deletion, actor_id=actor_id))
+    return org_out(await change_state(session, org_id, Action.cancel_deletion, actor_id=actor_id, ip=ip))

@@ -61,7 +61,7 @@ class MemberController(Controller):
     @post("/", opt={"roles": ADMINS})
     async def add(self, ctx: NamedDependency[MemberContext], data: JSONBody[MemberCreate]) -> Member:
         """Add an existing user by email."""
-        return await service.add_member(ctx.uow.session, ctx.org.id, ctx.principal.user_id, data)
+        return await service.add_member(ctx.uow.session, ctx.org.id, ctx.principal.user_id, data, ip=ctx.ip)
 
     @patch("/{user_id:str}", opt={"roles": ADMINS})
     async def change_role(
@@ -69,13 +69,13 @@ class MemberController(Controller):
     ) -> Member:
         """Change a member's role."""
         return await service.change_role(
-            ctx.uow.session, ctx.org.id, ctx.principal.user_id, parse_id(user_id), data.role
+            ctx.uow.session, ctx.org.id, ctx.principal.user_id, parse_id(user_id), data.role, ip=ctx.ip
         )
 
     @delete("/{user_id:str}", opt={"roles": ADMINS})
     async def remove(self, ctx: NamedDependency[MemberContext], user_id: FromPath[str]) -> None:
         """Remove a member."""
-        await service.remove_member(ctx.uow.session, ctx.org.id, ctx.principal.user_id, parse_id(user_id))
+        await service.remove_member(ctx.uow.session, ctx.org.id, ctx.principal.user_id, parse_id(user_id), ip=ctx.ip)
 
 
 class LifecycleController(Controller):
@@ -90,12 +90,12 @@ class LifecycleController(Controller):
     @post("/suspend", status_code=200)
     async def suspend(self, ctx: NamedDependency[MemberContext]) -> Org:
         """active -> suspended."""
-        return await lifecycle.suspend(ctx.uow.session, ctx.org.id, ctx.principal.user_id)
+        return await lifecycle.suspend(ctx.uow.session, ctx.org.id, ctx.principal.user_id, ip=ctx.ip)
 
     @post("/reactivate", status_code=200)
     async def reactivate(self, ctx: NamedDependency[MemberContext]) -> Org:
         """suspended -> active."""
-        return await lifecycle.reactivate(ctx.uow.session, ctx.org.id, ctx.principal.user_id)
+        return await lifecycle.reactivate(ctx.uow.session, ctx.org.id, ctx.principal.user_id, ip=ctx.ip)
 
     @post("/deletion", status_code=202)
     async def request_deletion(
@@ -104,13 +104,13 @@ class LifecycleController(Controller):
         """Start the grace period; the purge follows after deleteAfter."""
         settings: Settings = request.app.state.settings
         return await lifecycle.request_deletion(
-            ctx.uow.session, ctx.org, ctx.principal.user_id, data, settings.deletion_grace_seconds
+            ctx.uow.session, ctx.org, ctx.principal.user_id, data, settings.deletion_grace_seconds, ip=ctx.ip
         )
 
     @delete("/deletion", status_code=200)
     async def cancel_deletion(self, ctx: NamedDependency[MemberContext]) -> Org:
         """Back to the state before the deletion request."""
-        return await lifecycle.cancel_deletion(ctx.uow.session, ctx.org.id, ctx.principal.user_id)
+        return await lifecycle.cancel_deletion(ctx.uow.session, ctx.org.id, ctx.principal.user_id, ip=ctx.ip)
 
 
 router = Router(path="/", route_handlers=[OrgController, MemberController, LifecycleController])

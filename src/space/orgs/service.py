@@ -7,11 +7,16 @@ import uuid
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from space.audit import service as audit
+from space.audit.models import AuditAction
 from space.auth.models import User
 from space.auth.service import Principal, user_by_email
 from space.db import Tenant, UnitOfWork
 from space.db.locks import lock_user
 from space.errors import AlreadyMember, Forbidden, LastOwner, NotFound, OrgDeleting, OrgLimitReached, OrgSuspended
+
+# exports.service imports this module as well: each uses the other only inside functions, once both are loaded.
+from space.exports import service as exports
 from space.orgs.models import Membership, Organization, OrgState, Role
 from space.orgs.schemas import Member, MemberCreate, Org
 from space.tickets.models import TicketCounter
@@ -138,7 +143,9 @@ async def _lock_as_manager(session: AsyncSession, org_id: uuid.UUID, actor_id: u
     return Role(actor.role)
 
 
-async def add_member(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, data: MemberCreate) -> Member:
+async def add_member(
+    session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, data: MemberCreate, *, ip: str | None = None
+) -> Member:
     """Add an existing user by email, as `actor_id` (an owner or admin under the lock); only owners add owners."""
     _ensure_may_grant(await _lock_as_manager(session, org_id, actor_id), data.role)
     user = await user_by_email(session, data.email)
@@ -148,32 +155,73 @@ async def add_member(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UU
     session.add(m)
     await session.flush()
     await session.refresh(m)
+    await audit.record(
+        session,
+        org_id,
+        AuditAction.member_added,
+        audit.Target.user(user.id),
+        actor_id=actor_id,
+        ip=ip,
+        details={"role": m.role},
+    )
     return _member_out(m, user)
 
 
 async def change_role(
-    session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, user_id: uuid.UUID, role: Role
+    session: AsyncSession,
+    org_id: uuid.UUID,
+    actor_id: uuid.UUID,
+    user_id: uuid.UUID,
+    role: Role,
+    *,
+    ip: str | None = None,
 ) -> Member:
-    """Change a member's role under the org lock (ordered against export publishes), as `actor_id` then."""
+    """Change a member's role under the org lock (ordered against export publishes), as `actor_id` then; their
+    queued and running exports the new role can't hold are cancelled in the same transaction."""
     actor_role = await _lock_as_manager(session, org_id, actor_id)
     m = await _target(session, org_id, actor_role, user_id)
     _ensure_may_grant(actor_role, role)
     if m.role == Role.owner and role is not Role.owner:
         await _ensure_not_last_owner(session, org_id)
-    m.role = role.value
-    await session.flush()
+    before = m.role
+    if before != role.value:
+        m.role = role.value
+        await session.flush()
+        await audit.record(
+            session,
+            org_id,
+            AuditAction.member_role_changed,
+            audit.Target.user(user_id),
+            actor_id=actor_id,
+            ip=ip,
+            details={"from": before, "to": role.value},
+        )
+        await exports.cancel_for_role(session, org_id, user_id, role, actor_id=actor_id, ip=ip)
     user = await session.get_one(User, user_id)
     return _member_out(m, user)
 
 
-async def remove_member(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, user_id: uuid.UUID) -> None:
-    """Remove a member under the org lock, as `actor_id` then; the last owner stays."""
+async def remove_member(
+    session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, user_id: uuid.UUID, *, ip: str | None = None
+) -> None:
+    """Remove a member under the org lock, as `actor_id` then; the last owner stays. Their queued and running
+    exports are cancelled in the same transaction."""
     actor_role = await _lock_as_manager(session, org_id, actor_id)
     m = await _target(session, org_id, actor_role, user_id)
     if m.role == Role.owner:
         await _ensure_not_last_owner(session, org_id)
     await session.delete(m)
     await session.flush()
+    await audit.record(
+        session,
+        org_id,
+        AuditAction.member_removed,
+        audit.Target.user(user_id),
+        actor_id=actor_id,
+        ip=ip,
+        details={"role": m.role},
+    )
+    await exports.cancel_for_role(session, org_id, user_id, None, actor_id=actor_id, ip=ip)
 
 
 async def membership_of(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID) -> Membership | None:

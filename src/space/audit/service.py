@@ -1,0 +1,190 @@
+"""The audit trail: `record` (every service that changes an org's data calls it in its own transaction), the
+keyset-paged read, and where a request comes from (`client_ip`)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from space.audit.models import AuditAction, AuditEvent
+from space.audit.schemas import AuditActor, AuditItem, AuditPage, AuditTarget
+from space.auth.models import User
+from space.config import Network
+from space.db import Database, Tenant, UnitOfWork
+from space.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an audit row is about."""
+
+    type: str
+    id: str
+
+    @classmethod
+    def export(cls, export_id: uuid.UUID) -> Target:
+        """An export."""
+        return cls("export", str(export_id))
+
+    @classmethod
+    def user(cls, user_id: uuid.UUID) -> Target:
+        """A user (the member an action was about)."""
+        return cls("user", str(user_id))
+
+    @classmethod
+    def org(cls, org_id: uuid.UUID) -> Target:
+        """The organization itself."""
+        return cls("org", str(org_id))
+
+
+async def record(
+    session: AsyncSession,
+    org_id: uuid.UUID,
+    action: AuditAction,
+    target: Target,
+    *,
+    actor_id: uuid.UUID | None,
+    ip: str | None = None,
+    details: dict[str, Any] | None = None,
+) -> None:
+    """Add an audit row to the caller's transaction: it commits, or rolls back, with the change it records."""
+    # The session's tenant context must be the org: the insert policy checks it (a row can't land elsewhere).
+    session.add(
+        AuditEvent(
+            id=uuid.uuid4(),
+            org_id=org_id,
+            actor_id=actor_id,
+            action=action.value,
+            target_type=target.type,
+            target_id=target.id,
+            ip=ip,
+            details=details or {},
+        )
+    )
+    await session.flush()
+
+
+async def record_download(
+    db: Database,
+    org_id: uuid.UUID,
+    user_id: uuid.UUID,
+    export_id: uuid.UUID,
+    *,
+    via: str,
+    byte_range: str | None,
+    size: int,
+    ip: str | None,
+) -> None:
+    """`export.downloaded`, in a transaction of its own, as the response starts (the request's has committed)."""
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id, user_id=user_id)) as uow:
+        await record(
+            uow.session,
+            org_id,
+            AuditAction.export_downloaded,
+            Target.export(export_id),
+            actor_id=user_id,
+            ip=ip,
+            details={"via": via, "range": byte_range, "bytes": size},
+        )
+
+
+# --- reading the trail -------------------------------------------------------------------------------------------
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 200
+_CURSOR_VERSION = 1
+
+
+def encode_cursor(seq: int) -> str:
+    """The opaque cursor of the page that follows the row `seq` (older rows)."""
+    raw = msgspec.json.encode([_CURSOR_VERSION, seq])
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def decode_cursor(cursor: str) -> int:
+    """The row a cursor names; 400 `invalid_request` (naming `before`) for anything this service did not make."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        version, seq = msgspec.json.decode(raw, type=tuple[int, int])
+    except (binascii.Error, ValueError, msgspec.DecodeError, msgspec.ValidationError):
+        version, seq = 0, 0
+    if version != _CURSOR_VERSION or seq < 1 or seq > 2**63 - 1:
+        raise InvalidRequest("before: not a cursor of this trail.", errors=[{"key": "before"}])
+    return seq
+
+
+async def page(session: AsyncSession, org_id: uuid.UUID, before: str | None, limit: int) -> AuditPage:
+    """The org's trail newest first, `limit` rows older than the cursor `before` (from the newest when None)."""
+    stmt = (
+        select(AuditEvent, User.name)
+        .outerjoin(User, User.id == AuditEvent.actor_id)
+        .where(AuditEvent.org_id == org_id)
+        .order_by(AuditEvent.seq.desc())
+        # One more than asked: whether an older page exists, without counting.
+        .limit(limit + 1)
+    )
+    if before is not None:
+        stmt = stmt.where(AuditEvent.seq < decode_cursor(before))
+    rows = (await session.execute(stmt)).all()
+    items = [_item(event, name) for event, name in rows[:limit]]
+    more = len(rows) > limit
+    return AuditPage(items=items, next=encode_cursor(rows[limit - 1][0].seq) if more else None)
+
+
+def _item(event: AuditEvent, name: str | None) -> AuditItem:
+    actor = None if event.actor_id is None else AuditActor(user_id=event.actor_id, name=name or "")
+    return AuditItem(
+        id=event.id,
+        at=event.at,
+        actor=actor,
+        action=event.action,
+        target=AuditTarget(type=event.target_type, id=event.target_id),
+        ip=None if event.ip is None else str(event.ip),
+        details=event.details,
+    )
+
+
+# --- where a request comes from ----------------------------------------------------------------------------------
+
+
+def client_ip(peer: str | None, forwarded_for: Sequence[str], trusted: Iterable[Network]) -> str | None:
+    """The caller's address: the connection's peer, or, when that peer is a trusted proxy, the nearest address in
+    `X-Forwarded-For` that is not one (the header's left part is whatever the client chose to send)."""
+    address = _address(peer)
+    if address is None:
+        return None
+    networks = tuple(trusted)
+    hops = [hop.strip() for value in forwarded_for for hop in value.split(",")]
+    # Walk back from the peer: each trusted proxy vouches for the address it received the request from.
+    while hops and _trusted(address, networks):
+        hop = _address(hops.pop())
+        if hop is None:
+            # A garbled entry: the last address a trusted proxy vouched for is as far as the header is believed.
+            break
+        address = hop
+    return str(address)
+
+
+def _address(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if not text:
+        return None
+    try:
+        address = ipaddress.ip_address(text.strip())
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _trusted(address: ipaddress.IPv4Address | ipaddress.IPv6Address, networks: tuple[Network, ...]) -> bool:
+    return any(address.version == n.version and address in n for n in networks)
