@@ -17,7 +17,7 @@ from space.db import Database, app_url, check_app_role
 from space.errors import EXCEPTION_HANDLERS
 from space.exports.downloads import DownloadSlots
 from space.exports.queue import make_queue
-from space.exports.routes import ExportController
+from space.exports.routes import ExportController, manifest_schema_route, snapshot_schema_route
 from space.orgs.routes import router as orgs_router
 from space.projects.routes import router as projects_router
 from space.system import health, me
@@ -70,7 +70,16 @@ def create_app(settings: Settings) -> Litestar:
                 await db.dispose()
 
     return Litestar(
-        route_handlers=[health, me, orgs_router, projects_router, tickets_router, ExportController],
+        route_handlers=[
+            health,
+            me,
+            orgs_router,
+            projects_router,
+            tickets_router,
+            ExportController,
+            snapshot_schema_route,
+            manifest_schema_route,
+        ],
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[AUTHENTICATION],

@@ -24,7 +24,7 @@ from sqlalchemy.types import Interval
 from space.exports.models import ACTIVE_STATES, ExportJob, ExportKind, ExportState
 
 ACTIVE = tuple(s.value for s in ACTIVE_STATES)
-FINAL_EXPORT_KINDS = (ExportKind.snapshot.value,)
+FINAL_EXPORT_KINDS = (ExportKind.snapshot.value, ExportKind.archive.value)
 """Kinds that satisfy the final-export rule of a deletion request (SPEC §3)."""
 _MINUTE = func.make_interval(0, 0, 0, 0, 0, 1)
 

@@ -16,6 +16,7 @@ from saq import Queue
 
 from space.config import Settings
 from space.exports import service
+from space.exports.archive import manifest_schema, snapshot_schema
 from space.exports.downloads import DownloadSlots, DownloadStream
 from space.exports.schemas import Export, ExportCreate
 from space.exports.storage import PgResultStore, ResultStore
@@ -44,6 +45,21 @@ def provide_settings(state: State) -> Settings:
     """The app's settings."""
     settings: Settings = state.settings
     return settings
+
+
+SCHEMA_MEDIA_TYPE = "application/schema+json"
+
+
+@get("/schemas/snapshot-v1.json", tags=["schemas"], security=[], media_type=SCHEMA_MEDIA_TYPE)
+async def snapshot_schema_route() -> Response[bytes]:
+    """The JSON Schema (2020-12) every snapshot (and an archive's snapshot.json) validates against. Public."""
+    return Response(snapshot_schema(), media_type=SCHEMA_MEDIA_TYPE)
+
+
+@get("/schemas/manifest-v1.json", tags=["schemas"], security=[], media_type=SCHEMA_MEDIA_TYPE)
+async def manifest_schema_route() -> Response[bytes]:
+    """The JSON Schema (2020-12) of an archive's manifest.json. Public."""
+    return Response(manifest_schema(), media_type=SCHEMA_MEDIA_TYPE)
 
 
 class ExportController(Controller):
