@@ -4,12 +4,12 @@ installed) and the `jsonschema` library against the schemas the API serves."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
 import io
 import json
 import shutil
-import subprocess
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -125,9 +125,12 @@ async def test_the_archive_holds_every_member_and_its_manifest_matches_them(
     if unzip is not None:
         path = tmp_path / "archive.zip"
         path.write_bytes(body)
-        out = subprocess.run([unzip, "-t", str(path)], capture_output=True, text=True, check=False)
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert "No errors detected" in out.stdout
+        proc = await asyncio.create_subprocess_exec(
+            unzip, "-t", str(path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, out.decode()
+        assert "No errors detected" in out.decode()
 
 
 async def test_the_archives_csv_is_byte_for_byte_a_tickets_csv_export(
