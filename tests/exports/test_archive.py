@@ -23,6 +23,7 @@ from space.exports.pipeline import run_export
 from tests.exports.fixtures import (
     add_project,
     add_tickets,
+    chunk_count,
     completed_export,
     create_export,
     download,
@@ -171,6 +172,21 @@ async def test_snapshots_and_manifests_validate_against_the_served_schemas(
         jsonschema.validate(bad, manifest_schema)
 
 
+async def test_an_archive_stopped_in_its_first_member_stores_nothing(
+    api: Api, db: Database, settings: Settings
+) -> None:
+    org = await _seeded(api, db)
+    export = await create_export(api, org, org.owner, {"kind": "archive"})
+    # 100 bytes: the build stops inside snapshot.json, its reads closed before the transaction ends.
+    tiny = tuned(settings, export_byte_limit=100)
+    assert await run_export(runner(tiny, db), uid(export["id"]), uid(org.id)) == "too_large"
+    job = await job_row(db, org.id, export["id"])
+    assert job.state == "failed" and job.error_code == "too_large"
+    assert await chunk_count(db, org.id, export["id"]) == 0
+    # The worker's connections are fine afterwards: the next archive completes.
+    assert await completed_export(api, db, settings, org, {"kind": "archive"})
+
+
 async def test_customers_may_not_request_an_archive(api: Api, db: Database) -> None:
     org = await api.org()
     r = await api.call("POST", org.path("/exports"), org.customer, json={"kind": "archive"})
@@ -202,3 +218,4 @@ async def test_the_row_and_byte_limits_apply_to_the_archive_as_a_whole(
     # The ZIP's own bytes count: a limit one byte short of the whole archive fails it.
     small = tuned(settings, export_byte_limit=size - 1)
     assert await run_export(runner(small, db), uid(export["id"]), uid(org.id)) == "too_large"
+    assert await chunk_count(db, org.id, export["id"]) == 0

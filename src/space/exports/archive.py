@@ -22,11 +22,12 @@ them, once per process, and served at `/schemas/snapshot-v1.json` and `/schemas/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import functools
 import hashlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -86,7 +87,7 @@ def manifest_schema() -> bytes:
 class _Member:
     """A data member as it is written: where its pieces come from, and what the manifest will say of it."""
 
-    def __init__(self, name: str, media_type: str, source: AsyncIterator[Batch]) -> None:
+    def __init__(self, name: str, media_type: str, source: AsyncGenerator[Batch]) -> None:
         self.name = name
         self.media_type = media_type
         self.source = source
@@ -115,10 +116,12 @@ class _Feed:
             yield piece
 
 
-async def _pieces(fmt: Format, session: AsyncSession, size: int, snapshot_at: dt.datetime) -> AsyncIterator[Batch]:
+async def _pieces(fmt: Format, session: AsyncSession, size: int, snapshot_at: dt.datetime) -> AsyncGenerator[Batch]:
     yield Batch(rows=0, last=None, data=fmt.header(snapshot_at))
-    async for batch in fmt.batches(session, size):
-        yield batch
+    # Closed with this generator: a format's reads (their cursors, a read-ahead task) end before the transaction.
+    async with contextlib.aclosing(fmt.batches(session, size)) as batches:  # type: ignore[type-var]
+        async for batch in batches:
+            yield batch
     yield Batch(rows=0, last=None, data=fmt.footer())
 
 
@@ -160,6 +163,22 @@ class Archive:
         for member in members:
             zip_.add(feed.pieces(member), member.name)
         zip_.add(schema, SCHEMA_MEMBER)
+        try:
+            async for batch in self._zip(zip_, feed, members, snapshot_at, schema_entry):
+                yield batch
+        finally:
+            # Also when the export stops midway: nothing may read on the snapshot's connection afterwards.
+            for member in members:
+                await member.source.aclose()
+
+    async def _zip(
+        self,
+        zip_: ZipStream,
+        feed: _Feed,
+        members: list[_Member],
+        snapshot_at: dt.datetime,
+        schema_entry: ManifestFile,
+    ) -> AsyncIterator[Batch]:
         left = len(members)
         rows = 0
         for chunk in zip_:
