@@ -34,7 +34,7 @@ from tests.helpers import Api, Org
 pytestmark = pytest.mark.fuzz
 
 MAX_EXAMPLES = 600
-PUBLIC = {("GET", "/health")}
+PUBLIC = {("GET", "/health"), ("GET", "/schemas/snapshot-v1.json"), ("GET", "/schemas/manifest-v1.json")}
 """Routes anyone may call."""
 
 

@@ -19,7 +19,7 @@ from space.errors import EXCEPTION_HANDLERS
 from space.exports.downloads import DownloadSlots
 from space.exports.links import load_signer
 from space.exports.queue import make_queue
-from space.exports.routes import ExportController
+from space.exports.routes import ExportController, manifest_schema_route, snapshot_schema_route
 from space.orgs.routes import router as orgs_router
 from space.projects.routes import router as projects_router
 from space.system import health, me
@@ -74,7 +74,17 @@ def create_app(settings: Settings) -> Litestar:
                 await db.dispose()
 
     return Litestar(
-        route_handlers=[health, me, orgs_router, projects_router, tickets_router, ExportController, AuditController],
+        route_handlers=[
+            health,
+            me,
+            orgs_router,
+            projects_router,
+            tickets_router,
+            ExportController,
+            AuditController,
+            snapshot_schema_route,
+            manifest_schema_route,
+        ],
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[AUTHENTICATION],

@@ -86,7 +86,7 @@ class OrgDeleting(Conflict):
 
 
 class FinalExportRecommended(Conflict):
-    code, title = "final_export_recommended", "Take a final snapshot export first"
+    code, title = "final_export_recommended", "Take a final snapshot or archive export first"
 
 
 class OrgLimitReached(Conflict):

@@ -21,7 +21,7 @@ import datetime as dt
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 import psycopg
@@ -215,25 +215,48 @@ class TicketsCsv:
 
 # Timestamps arrive as datetimes (binary, in the snapshot's UTC session) and msgspec writes them as RFC 3339
 # with a `Z`. It leaves out a fraction of zero, so a whole-second value goes in as text with its six digits.
-Stamp = dt.datetime | str
+# Encoding goes by the values' own types, never the annotation, so the annotation says what both spellings are
+# on the wire, for the JSON Schema (exports.archive): an RFC 3339 date-time string.
+Stamp = Annotated[str, msgspec.Meta(extra_json_schema={"format": "date-time"})]
+# UUIDs arrive as text; the schema still says what they are.
+Id = Annotated[str, msgspec.Meta(extra_json_schema={"format": "uuid"})]
+
+# The snapshot's types: the writer encodes rows into the two item types (without validating them), and
+# `SnapshotDocument` describes the whole file for its JSON Schema. `forbid_unknown_fields` only shapes that
+# schema (`additionalProperties: false`: a recipient can check that nothing else, an email say, is in it).
 
 
-class _ProjectOut(msgspec.Struct, rename="camel"):
-    id: str
+class SnapshotProject(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    """A live project; `version` is its own edit counter."""
+
+    id: Id
     name: str
     version: int
     created_at: Stamp
     updated_at: Stamp
 
 
-class _TaskOut(msgspec.Struct, rename="camel"):
-    id: str
-    project_id: str
+class SnapshotTask(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    """A task of a live project."""
+
+    id: Id
+    project_id: Id
     title: str
-    status: str
+    status: Literal["todo", "doing", "done"]
     due_date: dt.date | None
     created_at: Stamp
     updated_at: Stamp
+
+
+class SnapshotDocument(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    """An organization's live projects and their tasks (Space snapshot, schemaVersion 1)."""
+
+    schema_version: Literal[1]
+    organization_id: Id
+    organization_name: str
+    snapshot_at: Stamp
+    projects: list[SnapshotProject]
+    tasks: list[SnapshotTask]
 
 
 def _whole_seconds(row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -242,7 +265,7 @@ def _whole_seconds(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return (*head, _stamp(created), _stamp(updated))
 
 
-def _stamp(t: dt.datetime) -> Stamp:
+def _stamp(t: dt.datetime) -> dt.datetime | str:
     return rfc3339(t) if t.microsecond == 0 else t
 
 
@@ -289,7 +312,7 @@ class Snapshot:
             Project.created_at,
             Project.updated_at,
         ).where(*self._projects())
-        async for batch in self._keyset(session, size, projects, Project.id, _ProjectOut, {}):
+        async for batch in self._keyset(session, size, projects, Project.id, SnapshotProject, {}):
             yield batch
         yield Batch(rows=0, last=None, data=b'],"tasks":[')
         # The live projects' ids, read in the snapshot, as a constant array: PostgreSQL probes it through a
@@ -304,7 +327,7 @@ class Snapshot:
             Task.created_at,
             Task.updated_at,
         ).where(Task.org_id == self.org_id, Task.project_id == any_(bindparam("live", type_=ARRAY(Uuid))))
-        async for batch in self._keyset(session, size, tasks, Task.id, _TaskOut, {"live": live}):
+        async for batch in self._keyset(session, size, tasks, Task.id, SnapshotTask, {"live": live}):
             yield batch
 
     async def _keyset(

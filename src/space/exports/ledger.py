@@ -27,7 +27,7 @@ from space.exports.models import ACTIVE_STATES, ExportJob, ExportKind, ExportSta
 ACTIVE = tuple(s.value for s in ACTIVE_STATES)
 REVOKED = "export_revoked"
 """The errorCode of a completed export whose result an owner or admin of the org removed."""
-FINAL_EXPORT_KINDS = (ExportKind.snapshot.value,)
+FINAL_EXPORT_KINDS = (ExportKind.snapshot.value, ExportKind.archive.value)
 """Kinds that satisfy the final-export rule of a deletion request (SPEC §3)."""
 _MINUTE = func.make_interval(0, 0, 0, 0, 0, 1)
 

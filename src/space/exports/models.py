@@ -29,6 +29,8 @@ class ExportKind(enum.StrEnum):
 
     snapshot = "snapshot"
     tickets_csv = "tickets_csv"
+    archive = "archive"
+    """One ZIP of the snapshot, every ticket as CSV, a manifest and the snapshot's schema (SPEC §13)."""
 
 
 class ExportScope(enum.StrEnum):

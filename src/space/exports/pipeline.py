@@ -27,6 +27,7 @@ from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork, server_version
 from space.errors import NotFound
 from space.exports import ledger
+from space.exports.archive import Archive
 from space.exports.failures import Deferred, ExportFailure, LeaseLost
 from space.exports.formats import Batch, Format, Snapshot, TicketsCsv
 from space.exports.lease import HAND_BACK_SECONDS, Built, Lease
@@ -234,6 +235,8 @@ async def _format(session: AsyncSession, lease: Lease, membership_id: uuid.UUID)
     if lease.kind == ExportKind.snapshot:
         # Read inside the snapshot transaction, like every other byte of the file.
         return Snapshot(lease.org_id, await orgs.org_name(session, lease.org_id))
+    if lease.kind == ExportKind.archive:
+        return Archive(lease.org_id, await orgs.org_name(session, lease.org_id))
     # Own scope: the creator condition beside RLS lets the (org_id, creator_id, number) index serve it.
     creator = lease.creator_id if lease.scope is ExportScope.own else None
     return TicketsCsv.from_stored(lease.org_id, lease.filters, membership_id, lease.delimiter, creator)

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from litestar import Controller, HttpMethod, Request, Response, delete, get, post, route
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
+from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, JSONBody, QueryParameter
 from saq import Queue
 
@@ -21,6 +22,7 @@ from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.errors import InvalidRequest, LinkInvalid
 from space.exports import service
+from space.exports.archive import manifest_schema, snapshot_schema
 from space.exports.downloads import DownloadSlots, no_referrer_for_links, respond
 from space.exports.links import LinkGrant, LinkSigner
 from space.exports.schemas import Export, ExportCreate, Link, OrgExport
@@ -63,6 +65,34 @@ def provide_settings(state: State) -> Settings:
     """The app's settings."""
     settings: Settings = state.settings
     return settings
+
+
+SCHEMA_MEDIA_TYPE = "application/schema+json"
+# The bytes are sent as generated (the archive carries the same bytes); the document says they are an object.
+_SCHEMA_RESPONSE = {
+    200: ResponseSpec(
+        dict[str, Any],
+        generate_examples=False,
+        description="A JSON Schema (draft 2020-12)",
+        media_type=SCHEMA_MEDIA_TYPE,
+    )
+}
+
+
+@get(
+    "/schemas/snapshot-v1.json", tags=["schemas"], security=[], media_type=SCHEMA_MEDIA_TYPE, responses=_SCHEMA_RESPONSE
+)
+async def snapshot_schema_route() -> Response[bytes]:
+    """The JSON Schema (2020-12) every snapshot (and an archive's snapshot.json) validates against. Public."""
+    return Response(snapshot_schema(), media_type=SCHEMA_MEDIA_TYPE)
+
+
+@get(
+    "/schemas/manifest-v1.json", tags=["schemas"], security=[], media_type=SCHEMA_MEDIA_TYPE, responses=_SCHEMA_RESPONSE
+)
+async def manifest_schema_route() -> Response[bytes]:
+    """The JSON Schema (2020-12) of an archive's manifest.json. Public."""
+    return Response(manifest_schema(), media_type=SCHEMA_MEDIA_TYPE)
 
 
 def provide_signer(state: State) -> LinkSigner:

@@ -24,7 +24,14 @@ class TicketsCsvRequest(Input, tag="tickets_csv", tag_field="kind"):
     delimiter: Literal[",", ";"] = ","
 
 
-ExportCreate = SnapshotRequest | TicketsCsvRequest
+class ArchiveRequest(Input, tag="archive", tag_field="kind"):
+    """`{"kind": "archive"}`: one ZIP with the snapshot, every ticket, a manifest and schemas (staff only)."""
+
+
+ExportCreate = SnapshotRequest | TicketsCsvRequest | ArchiveRequest
+
+STAFF_ONLY = (SnapshotRequest, ArchiveRequest)
+"""Requests that read the whole org: staff only (SPEC §5, §13)."""
 
 
 class Export(Output):

@@ -36,7 +36,17 @@ from space.exports import ledger
 from space.exports.links import LinkGrant, LinkSigner
 from space.exports.models import FAILED_STATES, ExportJob, ExportKind, ExportScope, ExportState
 from space.exports.queue import enqueue_quietly
-from space.exports.schemas import Export, ExportCreate, ExportCreator, Link, OrgExport, SnapshotRequest
+from space.exports.schemas import (
+    STAFF_ONLY,
+    ArchiveRequest,
+    Export,
+    ExportCreate,
+    ExportCreator,
+    Link,
+    OrgExport,
+    SnapshotRequest,
+    TicketsCsvRequest,
+)
 from space.exports.storage import ResultKey, ResultMissing, ResultStore
 from space.orgs import service as orgs
 from space.orgs.models import Membership, Organization, OrgState, Role
@@ -125,8 +135,8 @@ async def create_export(
     if membership is None:
         raise NotFound()
     role = Role(membership.role)
-    if isinstance(data, SnapshotRequest) and not role.is_staff:
-        raise Forbidden("Snapshots are for staff; customers can export their tickets as CSV.")
+    if isinstance(data, STAFF_ONLY) and not role.is_staff:
+        raise Forbidden("Snapshots and archives are for staff; customers can export their tickets as CSV.")
     # Before the rate limits: a full quota needs the caller to act (delete results); waiting would not help.
     await _within_quota(session, org.id, settings.org_result_quota_bytes)
     limit = settings.export_rate_limit
@@ -149,10 +159,11 @@ async def create_export(
             id=uuid.uuid4(),
             org_id=org.id,
             creator_id=user_id,
-            kind=ExportKind.snapshot.value if isinstance(data, SnapshotRequest) else ExportKind.tickets_csv.value,
+            kind=_kind(data).value,
             state=ExportState.queued.value,
-            filters={} if isinstance(data, SnapshotRequest) else msgspec.to_builtins(data.filters),
-            delimiter="," if isinstance(data, SnapshotRequest) else data.delimiter,
+            # An archive's CSV holds every ticket with `,` (SPEC §13): no filters, the default delimiter.
+            filters=msgspec.to_builtins(data.filters) if isinstance(data, TicketsCsvRequest) else {},
+            delimiter=data.delimiter if isinstance(data, TicketsCsvRequest) else ",",
             scope=(ExportScope.team if role.is_staff else ExportScope.own).value,
         ),
     )
@@ -176,6 +187,14 @@ async def create_export(
 
         uow.after_commit(enqueue)
     return export_out(job, can_download=False)
+
+
+def _kind(data: ExportCreate) -> ExportKind:
+    if isinstance(data, SnapshotRequest):
+        return ExportKind.snapshot
+    if isinstance(data, ArchiveRequest):
+        return ExportKind.archive
+    return ExportKind.tickets_csv
 
 
 def _rate_limit(usage: ledger.Usage, limit: int, detail: str) -> None:
@@ -341,7 +360,8 @@ async def cancel_for_role(
 async def has_recent_final_export(
     session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, window: dt.timedelta
 ) -> bool:
-    """Whether the user has a still downloadable snapshot here, completed within `window` (the deletion rule)."""
+    """Whether the user has a still downloadable snapshot or archive here, completed within `window` (the
+    deletion rule, SPEC §13)."""
     return await ledger.has_recent_final_export(session, org_id, user_id, window)
 
 
@@ -366,13 +386,21 @@ class Download:
     @property
     def content_type(self) -> str:
         """The full Content-Type header."""
-        return "application/json" if self.kind is ExportKind.snapshot else "text/csv; charset=utf-8"
+        return _CONTENT_TYPES[self.kind]
 
     @property
     def filename(self) -> str:
         """Server-made file name, never user text."""
-        ext = "json" if self.kind is ExportKind.snapshot else "csv"
-        return f"space-export-{self.export_id}.{ext}"
+        return f"space-export-{self.export_id}.{_EXTENSIONS[self.kind]}"
+
+
+# Whole headers: HEAD answers set Content-Type themselves (Litestar leaves it off them).
+_CONTENT_TYPES = {
+    ExportKind.snapshot: "application/json",
+    ExportKind.tickets_csv: "text/csv; charset=utf-8",
+    ExportKind.archive: "application/zip",
+}
+_EXTENSIONS = {ExportKind.snapshot: "json", ExportKind.tickets_csv: "csv", ExportKind.archive: "zip"}
 
 
 async def open_result(

@@ -173,8 +173,8 @@ async def request_deletion(
             return
         if not await exports.has_recent_final_export(session, locked.id, owner_id, FINAL_EXPORT_WINDOW):
             raise FinalExportRecommended(
-                "Take a snapshot export first (none completed by you in the last 24 hours),"
-                ' or send "skipFinalExport": true.'
+                "Take a snapshot or archive export first (none completed by you in the last 24 hours is still"
+                ' downloadable), or send "skipFinalExport": true.'
             )
 
     locked = await change_state(

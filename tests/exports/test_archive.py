@@ -1,0 +1,221 @@
+"""The complete archive (SPEC §13): one ZIP with manifest.json, snapshot.json, tickets.csv and the snapshot's
+schema, built by the real worker from one snapshot, checked with Python's zipfile, `unzip -t` (where
+installed) and the `jsonschema` library against the schemas the API serves."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import io
+import json
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from space.config import Settings
+from space.db import Database
+from space.exports.pipeline import run_export
+from tests.exports.fixtures import (
+    add_project,
+    add_tickets,
+    chunk_count,
+    completed_export,
+    create_export,
+    download,
+    job_row,
+    parse_csv,
+    runner,
+    tuned,
+    uid,
+)
+from tests.helpers import Api, Org, assert_problem
+
+MEMBERS = ["snapshot.json", "tickets.csv", "schemas/snapshot.schema.json", "manifest.json"]
+MEDIA_TYPES = {
+    "snapshot.json": "application/json",
+    "tickets.csv": "text/csv; charset=utf-8",
+    "schemas/snapshot.schema.json": "application/schema+json",
+}
+
+
+async def _seeded(api: Api, db: Database) -> Org:
+    org = await api.org('Archive "Co", Ltd.')
+    await add_project(db, org.id, "Launch", ["Plan", "=cmd()", 'say "hi"\nthen go'])
+    await add_project(db, org.id, "Later", [])
+    await add_project(db, org.id, "Gone", ["never exported"], deleted=True)
+    await add_tickets(db, org.id, org.member, ["Printer on fire", "=HYPERLINK()", 'a "quoted"\r\nline'])
+    await add_tickets(db, org.id, org.customer, ["Customer's own"], status="closed", priority="urgent")
+    await add_tickets(db, org.id, org.customer2, ["Another customer's"], status="pending")
+    return org
+
+
+async def _archive(api: Api, org: Org) -> tuple[dict[str, Any], bytes, zipfile.ZipFile]:
+    r = await api.call("GET", org.path("/exports"), org.owner)
+    export = next(e for e in r.json()["items"] if e["kind"] == "archive")
+    r = await download(api, org, org.owner, export["id"])
+    assert r.status_code == 200, r.text
+    return export, r.content, zipfile.ZipFile(io.BytesIO(r.content))
+
+
+async def _served(api: Api, name: str) -> dict[str, Any]:
+    r = await api.call("GET", f"/schemas/{name}")  # no token: the schemas are public
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/schema+json")
+    schema: dict[str, Any] = r.json()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    return schema
+
+
+async def test_the_archive_holds_every_member_and_its_manifest_matches_them(
+    api: Api, db: Database, settings: Settings, tmp_path: Path
+) -> None:
+    org = await _seeded(api, db)
+    export_id = await completed_export(api, db, settings, org, {"kind": "archive"})
+    r = await download(api, org, org.owner, export_id)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/zip"
+    assert r.headers["content-disposition"] == f'attachment; filename="space-export-{export_id}.zip"'
+    body = r.content
+    export = (await api.call("GET", org.path(f"/exports/{export_id}"), org.owner)).json()
+    # The export's own size, sha256 and ETag are the whole ZIP's.
+    assert int(r.headers["content-length"]) == len(body) == export["byteSize"]
+    assert hashlib.sha256(body).hexdigest() == export["sha256"] and r.headers["etag"] == f'"{export["sha256"]}"'
+    # Rows of both parts: 2 live projects + 3 tasks, and all 5 tickets (every creator's).
+    assert export["rowCount"] == 10 and export["kind"] == "archive" and export["scope"] == "team"
+
+    archive = zipfile.ZipFile(io.BytesIO(body))
+    assert archive.testzip() is None
+    assert archive.namelist() == MEMBERS
+    manifest = json.loads(archive.read("manifest.json"))
+    assert manifest["schemaVersion"] == 1 and manifest["organizationId"] == org.id
+    assert manifest["organizationName"] == 'Archive "Co", Ltd.'
+    assert dt.datetime.fromisoformat(manifest["snapshotAt"]) == dt.datetime.fromisoformat(export["snapshotAt"])
+    # Every other member, once, with its real size, digest, media type and records.
+    files = {f["name"]: f for f in manifest["files"]}
+    assert sorted(files) == sorted(MEMBERS[:-1]) and len(manifest["files"]) == 3
+    for name, entry in files.items():
+        data = archive.read(name)
+        assert entry["bytes"] == len(data), name
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest(), name
+        assert entry["mediaType"] == MEDIA_TYPES[name], name
+    assert files["tickets.csv"]["rows"] == 5 and files["snapshot.json"]["rows"] == 5
+    assert "rows" not in files["schemas/snapshot.schema.json"]
+
+    snapshot = json.loads(archive.read("snapshot.json"))
+    assert snapshot["snapshotAt"] == manifest["snapshotAt"]
+    assert sorted(p["name"] for p in snapshot["projects"]) == ["Later", "Launch"]
+    assert "never exported" not in archive.read("snapshot.json").decode()
+    records = parse_csv(archive.read("tickets.csv"))
+    assert [rec[1] for rec in records[1:]] == [
+        "Printer on fire",
+        "'=HYPERLINK()",
+        'a "quoted"\r\nline',
+        "Customer's own",
+        "Another customer's",
+    ]
+    # The schema member is the schema the API serves.
+    assert json.loads(archive.read("schemas/snapshot.schema.json")) == await _served(api, "snapshot-v1.json")
+
+    unzip = shutil.which("unzip")
+    if unzip is not None:
+        path = tmp_path / "archive.zip"
+        path.write_bytes(body)
+        proc = await asyncio.create_subprocess_exec(
+            unzip, "-t", str(path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, out.decode()
+        assert "No errors detected" in out.decode()
+
+
+async def test_the_archives_csv_is_byte_for_byte_a_tickets_csv_export(
+    api: Api, db: Database, settings: Settings
+) -> None:
+    org = await _seeded(api, db)
+    csv_id = await completed_export(api, db, settings, org, {"kind": "tickets_csv", "delimiter": ","})
+    await completed_export(api, db, settings, org, {"kind": "archive"})
+    csv_body = (await download(api, org, org.owner, csv_id)).content
+    _, _, archive = await _archive(api, org)
+    assert archive.read("tickets.csv") == csv_body
+
+
+async def test_snapshots_and_manifests_validate_against_the_served_schemas(
+    api: Api, db: Database, settings: Settings
+) -> None:
+    org = await _seeded(api, db)
+    snapshot_schema = await _served(api, "snapshot-v1.json")
+    manifest_schema = await _served(api, "manifest-v1.json")
+    checker = jsonschema.FormatChecker()
+    snap_id = await completed_export(api, db, settings, org, {"kind": "snapshot"})
+    await completed_export(api, db, settings, org, {"kind": "archive"})
+    _, _, archive = await _archive(api, org)
+    plain = json.loads((await download(api, org, org.owner, snap_id)).content)
+    inside = json.loads(archive.read("snapshot.json"))
+    manifest = json.loads(archive.read("manifest.json"))
+    for document in (plain, inside):
+        jsonschema.validate(document, snapshot_schema, format_checker=checker)
+    jsonschema.validate(manifest, manifest_schema, format_checker=checker)
+    # The schemas say something: what the snapshot must never carry, or a malformed entry, fails them.
+    leaked = {**plain, "projects": [{**plain["projects"][0], "ownerEmail": "a@b.example"}]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(leaked, snapshot_schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**inside, "tasks": [{**inside["tasks"][0], "status": "lost"}]}, snapshot_schema)
+    bad = {**manifest, "files": [{**manifest["files"][0], "sha256": "xyz"}]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, manifest_schema)
+
+
+async def test_an_archive_stopped_in_its_first_member_stores_nothing(
+    api: Api, db: Database, settings: Settings
+) -> None:
+    org = await _seeded(api, db)
+    export = await create_export(api, org, org.owner, {"kind": "archive"})
+    # 100 bytes: the build stops inside snapshot.json, its reads closed before the transaction ends.
+    tiny = tuned(settings, export_byte_limit=100)
+    assert await run_export(runner(tiny, db), uid(export["id"]), uid(org.id)) == "too_large"
+    job = await job_row(db, org.id, export["id"])
+    assert job.state == "failed" and job.error_code == "too_large"
+    assert await chunk_count(db, org.id, export["id"]) == 0
+    # The worker's connections are fine afterwards: the next archive completes.
+    assert await completed_export(api, db, settings, org, {"kind": "archive"})
+
+
+async def test_customers_may_not_request_an_archive(api: Api, db: Database) -> None:
+    org = await api.org()
+    r = await api.call("POST", org.path("/exports"), org.customer, json={"kind": "archive"})
+    assert_problem(r, 403, "forbidden")
+    for user in (org.member, org.admin, org.owner):
+        r = await api.call("POST", org.path("/exports"), user, json={"kind": "archive"})
+        assert r.status_code == 202, r.text
+    # An archive takes no filters or delimiter: the CSV inside is every ticket, with `,`.
+    r = await api.call("POST", org.path("/exports"), org.owner, json={"kind": "archive", "delimiter": ";"})
+    assert_problem(r, 400, "invalid_request")
+
+
+async def test_the_row_and_byte_limits_apply_to_the_archive_as_a_whole(
+    api: Api, db: Database, settings: Settings
+) -> None:
+    org = await _seeded(api, db)
+    # 10 rows in all: 5 in the snapshot, 5 tickets. Each part alone is within 9; together they are not.
+    export = await create_export(api, org, org.owner, {"kind": "archive"})
+    assert await run_export(runner(tuned(settings, export_row_limit=9), db), uid(export["id"]), uid(org.id)) == (
+        "too_many_rows"
+    )
+    export = await create_export(api, org, org.owner, {"kind": "archive"})
+    assert await run_export(runner(tuned(settings, export_row_limit=10), db), uid(export["id"]), uid(org.id)) == (
+        "completed"
+    )
+    size = (await job_row(db, org.id, export["id"])).byte_size
+    assert size is not None
+    export = await create_export(api, org, org.owner, {"kind": "archive"})
+    # The ZIP's own bytes count: a limit one byte short of the whole archive fails it.
+    small = tuned(settings, export_byte_limit=size - 1)
+    assert await run_export(runner(small, db), uid(export["id"]), uid(org.id)) == "too_large"
+    assert await chunk_count(db, org.id, export["id"]) == 0
