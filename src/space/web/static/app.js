@@ -106,6 +106,9 @@ async function loadOrgs(selectId) {
 async function loadOrg(orgId) {
   view.generation += 1;
   clearTimeout(view.pollTimer);
+  // Nothing can be requested of an org until the page knows its state and the caller's role in it.
+  view.org = null;
+  $("request-export").disabled = true;
   const generation = view.generation;
   notice("");
   $("final-export").hidden = true;
@@ -261,10 +264,10 @@ function buildRow(x, oversight) {
   const pct = el("span", { class: "pct" });
   line.append(state, bar, pct);
   const why = el("p", { class: "reason" });
-  const facts = el("ul", { class: "facts" });
-  const asOf = el("li", { class: "as-of" });
-  const expiry = el("li", { class: "expiry" });
-  const amount = el("li", { class: "amount" });
+  const facts = el("div", { class: "facts" });
+  const asOf = el("p", { class: "as-of" });
+  const expiry = el("p", { class: "expiry" });
+  const amount = el("p", { class: "amount" });
   facts.append(asOf, expiry, amount);
   const actions = el("div", { class: "row" });
   const buttons = {};
@@ -356,6 +359,7 @@ async function act(action, x, button) {
 
 async function requestExport(event) {
   event.preventDefault();
+  if (!view.org) return;
   const kind = document.querySelector('input[name="kind"]:checked').value;
   const request = { kind };
   if (kind === "tickets_csv") {
@@ -374,7 +378,6 @@ async function requestExport(event) {
 async function submitExport(request, message) {
   const button = $("request-export");
   button.disabled = true;
-  try {
   let ok = false;
   try {
     await api.createExport(view.org.id, request);

@@ -118,7 +118,12 @@ export function count(n) {
 const FILTER_WORDS = { status: "status", priority: "priority", assignment: "assignment", q: "text" };
 
 export function filters(f) {
-  const parts = Object.entries(f || {}).map(([k, v]) => `${FILTER_WORDS[k] || k} ${k === "q" ? `"${v}"` : v}`);
+  // A fixed order, whatever order the stored JSON comes back in.
+  const given = f || {};
+  const keys = [...Object.keys(FILTER_WORDS), ...Object.keys(given).filter((k) => !(k in FILTER_WORDS))];
+  const parts = keys
+    .filter((k) => given[k] !== undefined && given[k] !== null)
+    .map((k) => `${FILTER_WORDS[k] || k} ${k === "q" ? `"${given[k]}"` : given[k]}`);
   return parts.length ? parts.join(", ") : "all tickets";
 }
 
