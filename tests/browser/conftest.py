@@ -98,9 +98,15 @@ async def worker(settings: Settings) -> AsyncIterator[None]:
             await asyncio.wait_for(task, WAIT_MS / 1000)
 
 
+def _require_chromium() -> None:
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"no Chromium at {CHROMIUM}: `apt-get install chromium` (.ci/run does) or set SPACE_TEST_CHROMIUM")
+
+
 @pytest.fixture(scope="session")
 async def browser() -> AsyncIterator[Browser]:
     """Headless Chromium from the distribution (Playwright's own browser download is not used)."""
+    _require_chromium()
     async with async_playwright() as pw:
         b = await pw.chromium.launch(executable_path=CHROMIUM, headless=True)
         try:
