@@ -256,7 +256,9 @@ function renderList(list, items, oversight) {
 function buildRow(x, oversight) {
   const li = el("li", { class: "export" });
   li.dataset.id = x.id;
-  const head = el("h3");
+  // Each row's buttons share short names ("Download"); the row's heading describes which export they act on.
+  const headId = `${oversight ? "org-export" : "export"}-${x.id}`;
+  const head = el("h3", { id: headId });
   const meta = el("p", { class: "muted meta" });
   const line = el("div", { class: "progress-line" });
   const state = el("span", { class: "state" });
@@ -274,7 +276,11 @@ function buildRow(x, oversight) {
   const names = oversight ? ["cancel"] : ["download", "cancel", "again", "remove"];
   const labels = { download: "Download", cancel: "Cancel", again: "Request a new one", remove: "Delete" };
   for (const name of names) {
-    const b = el("button", { type: "button", class: name === "download" ? "" : "secondary" }, labels[name]);
+    const b = el(
+      "button",
+      { type: "button", class: name === "download" ? "" : "secondary", "aria-describedby": headId },
+      labels[name],
+    );
     b.dataset.action = name;
     b.addEventListener("click", () => act(name, li.export, b));
     buttons[name] = b;
@@ -434,7 +440,7 @@ async function loadAudit(first) {
   } catch (error) {
     if (generation !== view.generation) return;
     $("audit-more").hidden = true;
-    list.replaceChildren(el("li", { class: "muted" }, `The audit trail is not available: ${words.problem(error)}`));
+    list.replaceChildren(el("li", { class: "muted" }, `The audit trail could not be read. ${words.problem(error)}`));
   }
 }
 
