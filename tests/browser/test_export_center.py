@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from typing import Any
 
+import psycopg
 import pytest
 from playwright.async_api import Page, expect
 
@@ -207,3 +209,41 @@ async def test_keyboard_only_sign_in_and_request(api: Api, open_page: OpenPage) 
     assert outline != "none", outline
     await page.keyboard.press("Enter")
     await expect(my_exports(page).get_by_text("Waiting to start")).to_be_visible()
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        ("too_many_rows", "Too many rows for one export. Narrow the filters and request it again."),
+        ("access_revoked", "Your role in the organization changed, so this export was stopped"),
+        ("org_deleting", "The organization is being deleted, so this export was stopped."),
+        ("worker_lost", "The export was interrupted several times and could not finish."),
+    ],
+)
+async def test_failed_export_says_why_in_words(
+    api: Api, db: Database, owner: psycopg.Connection[Any], open_page: OpenPage, code: str, words: str
+) -> None:
+    org = await api.org("Failures")
+    export_id = await insert_export(db, org.id, org.member.id, kind="snapshot", state="failed")
+    owner.execute("UPDATE export_jobs SET error_code = %s WHERE id = %s", (code, export_id))
+    page = await open_page("member")
+    await sign_in(page, org.member)
+    item = my_exports(page).filter(has_text="Snapshot (JSON)")
+    await expect(item.get_by_text("Failed", exact=True)).to_be_visible()
+    await expect(item.get_by_text(words)).to_be_visible()
+    await expect(item.get_by_text(code)).to_have_count(0)
+    await expect(item.get_by_role("button", name="Request a new one")).to_be_visible()
+
+
+async def test_rate_limit_says_when_to_ask_again(api: Api, open_page: OpenPage) -> None:
+    org = await api.org("Busy Bees")
+    page = await open_page("member")
+    await sign_in(page, org.member)
+    button = page.get_by_role("button", name="Request export")
+    for n in range(1, 4):
+        await button.click()
+        await expect(my_exports(page)).to_have_count(n)
+    await button.click()
+    notice = page.get_by_role("alert").filter(has_text="You have asked for several exports just now.")
+    await expect(notice).to_contain_text(re.compile(r"You can ask again in \d+ s \(at .+\)\."))
+    await expect(my_exports(page)).to_have_count(3)

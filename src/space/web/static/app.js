@@ -67,7 +67,11 @@ async function enter() {
   $("who-name").textContent = `Signed in as ${view.me.name}`;
   $("sign-in-error").textContent = "";
   view.clockTimer = setInterval(renderAll, CLOCK_TICK_MS);
-  await loadOrgs();
+  try {
+    await loadOrgs();
+  } catch (error) {
+    explain(error);
+  }
 }
 
 function leave(message = "") {
@@ -192,6 +196,7 @@ function syncKind() {
 // Polls while something is queued or running, as often as the API's Retry-After asks; stops otherwise.
 async function refresh() {
   clearTimeout(view.pollTimer);
+  if (!view.org) return;
   const generation = view.generation;
   const orgId = view.org.id;
   let wait = null;
