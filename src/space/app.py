@@ -24,6 +24,7 @@ from space.orgs.routes import router as orgs_router
 from space.projects.routes import router as projects_router
 from space.system import health, me
 from space.tickets.routes import router as tickets_router
+from space.web.routes import router as web_router
 
 MAX_BODY_BYTES = 1024 * 1024
 API_IDLE_IN_TRANSACTION_TIMEOUT_MS = 10_000
@@ -84,6 +85,7 @@ def create_app(settings: Settings) -> Litestar:
             AuditController,
             snapshot_schema_route,
             manifest_schema_route,
+            web_router,
         ],
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,

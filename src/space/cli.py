@@ -154,6 +154,7 @@ def up() -> None:
             click.echo(f"Try it:  curl -s {base}/health")
             if hint:
                 click.echo(f'         curl -s -H "Authorization: Bearer {hint}" {base}/me')
+                click.echo(f"Export center: open {base}/ and sign in with the token above")
             click.echo("Demo data (two orgs, every role, tickets): .venv/bin/space demo   Stop: Ctrl+C")
 
         asyncio.run(_serve(s, sock, with_worker=True, on_ready=banner))

@@ -1,0 +1,130 @@
+// What the API's states and codes mean, in plain words, and how times and sizes read.
+
+export const KINDS = {
+  snapshot: "Snapshot (JSON)",
+  archive: "Complete archive (ZIP)",
+  tickets_csv: "Tickets (CSV)",
+};
+
+export const STATES = {
+  queued: "Waiting to start",
+  running: "Building",
+  completed: "Ready to download",
+  failed: "Failed",
+  cancelled: "Cancelled",
+  expired: "Expired",
+};
+
+// Why an export ended without a result (its errorCode).
+const EXPORT_REASONS = {
+  cancelled: "You cancelled this export.",
+  cancelled_by_admin: "An owner or administrator of the organization cancelled this export.",
+  access_revoked: "Your role in the organization changed, so this export was stopped: you may no longer take this data.",
+  org_deleting: "The organization is being deleted, so this export was stopped.",
+  too_many_rows: "Too many rows for one export. Narrow the filters and request it again.",
+  too_large: "The file would be too large. Narrow the filters and request it again.",
+  quota_exceeded: "The organization's storage for exports is full. Delete older exports, then request it again.",
+  worker_lost: "The export was interrupted several times and could not finish. Request it again.",
+  timeout: "Reading the data took too long. Request it again, perhaps with narrower filters.",
+};
+
+// What an answer of the API means for the person who asked.
+const PROBLEMS = {
+  unauthenticated: "That token was not accepted: it is unknown, revoked or mistyped.",
+  forbidden: "Your role in this organization does not allow this.",
+  access_revoked: "Your access to this export was withdrawn: your role changed or you left the organization.",
+  not_found: "It no longer exists, or it is not yours.",
+  org_deleting: "The organization is being deleted: no new exports or downloads.",
+  org_suspended: "The organization is suspended: its data can be read and exported, not changed.",
+  final_export_recommended: "Take a complete export before deleting the organization.",
+  invalid_transition: "The organization is not in a state that allows this.",
+  export_not_ready: "The export is not finished yet.",
+  export_failed: "The export failed, so there is nothing to download.",
+  export_expired: "The export expired: its file can no longer be downloaded. Request a new one.",
+  export_revoked: "An owner or administrator removed this export's file.",
+  export_quota_exceeded: "The organization's storage for exports is full. Delete older exports first.",
+  link_expired: "The download link expired. Press Download again for a new one.",
+  link_invalid: "The download link is not valid. Press Download again for a new one.",
+  org_limit_reached: "You own as many organizations as allowed.",
+  last_owner: "An organization needs at least one owner.",
+  busy: "The server is busy with other downloads.",
+  timeout: "The server took too long to answer.",
+  invalid_request: "The request was not accepted",
+};
+
+export function reason(errorCode) {
+  if (!errorCode) return "";
+  return EXPORT_REASONS[errorCode] || `The export stopped (${errorCode}).`;
+}
+
+/** A refusal of the API in plain words; when to retry if it said so. */
+export function problem(error) {
+  if (!error || !error.code) return "Something went wrong. Try again.";
+  let text = PROBLEMS[error.code];
+  if (error.code === "export_rate_limited") {
+    const seconds = Math.ceil(error.retryAfter ?? 60);
+    text = `You have asked for several exports just now. You can ask again in ${duration(seconds)} (at ${clock(Date.now() + seconds * 1000)}).`;
+  } else if (error.code === "export_failed" && error.body && error.body.errorCode) {
+    text = `${PROBLEMS.export_failed} ${reason(error.body.errorCode)}`;
+  } else if (error.code === "invalid_request") {
+    text = `${PROBLEMS.invalid_request}: ${error.message}`;
+  } else if (!text) {
+    text = error.message || `The request failed (${error.code}).`;
+  } else if (error.retryAfter) {
+    text = `${text} Try again in ${duration(Math.ceil(error.retryAfter))}.`;
+  }
+  return text;
+}
+
+export function when(iso) {
+  const date = new Date(iso);
+  return date.toLocaleString(undefined, {
+    year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit",
+    timeZoneName: "short",
+  });
+}
+
+function clock(ms) {
+  return new Date(ms).toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+}
+
+/** "2 h 5 min", "45 s". */
+export function duration(seconds) {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m} min`;
+  const h = Math.floor(m / 60);
+  if (h < 48) return m % 60 ? `${h} h ${m % 60} min` : `${h} h`;
+  return `${Math.floor(h / 24)} days`;
+}
+
+export function size(bytes) {
+  if (bytes === null || bytes === undefined) return "";
+  const units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return unit === 0 ? `${bytes} bytes` : `${value.toFixed(1)} ${units[unit]}`;
+}
+
+export function count(n) {
+  return n === 1 ? "1 row" : `${n.toLocaleString()} rows`;
+}
+
+const FILTER_WORDS = { status: "status", priority: "priority", assignment: "assignment", q: "text" };
+
+export function filters(f) {
+  // A fixed order, whatever order the stored JSON comes back in.
+  const given = f || {};
+  const keys = [...Object.keys(FILTER_WORDS), ...Object.keys(given).filter((k) => !(k in FILTER_WORDS))];
+  const parts = keys
+    .filter((k) => given[k] !== undefined && given[k] !== null)
+    .map((k) => `${FILTER_WORDS[k] || k} ${k === "q" ? `"${given[k]}"` : given[k]}`);
+  return parts.length ? parts.join(", ") : "all tickets";
+}
+
+export const ROLES = { owner: "Owner", admin: "Administrator", member: "Member", customer: "Customer" };
