@@ -22,6 +22,7 @@ from space.orgs.routes import router as orgs_router
 from space.projects.routes import router as projects_router
 from space.system import health, me
 from space.tickets.routes import router as tickets_router
+from space.webhooks.routes import WebhookController
 
 MAX_BODY_BYTES = 1024 * 1024
 API_IDLE_IN_TRANSACTION_TIMEOUT_MS = 10_000
@@ -70,7 +71,7 @@ def create_app(settings: Settings) -> Litestar:
                 await db.dispose()
 
     return Litestar(
-        route_handlers=[health, me, orgs_router, projects_router, tickets_router, ExportController],
+        route_handlers=[health, me, orgs_router, projects_router, tickets_router, ExportController, WebhookController],
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[AUTHENTICATION],

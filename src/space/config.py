@@ -58,6 +58,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """statement_timeout of the API's database connections, in milliseconds."""
     download_concurrency: PositiveInt = 64
     """Downloads one API process streams at once; beyond it, 503 busy."""
+    webhook_allow_private: bool = False
+    """Webhook URLs may point at loopback, private and link-local addresses (tests and local development only)."""
+    webhook_retry_seconds: Annotated[float, msgspec.Meta(ge=0)] = 10
+    """Delay before a webhook's second attempt, in seconds; each later attempt waits 4 times longer."""
 
 
 # Environment variable -> Settings field. Only these are read; everything else in the environment is ignored.
@@ -86,6 +90,8 @@ ENV_VARS: dict[str, str] = {
     "SPACE_EXPORT_ORG_CONCURRENCY": "export_org_concurrency",
     "SPACE_API_STATEMENT_TIMEOUT_MS": "api_statement_timeout_ms",
     "SPACE_DOWNLOAD_CONCURRENCY": "download_concurrency",
+    "SPACE_WEBHOOK_ALLOW_PRIVATE": "webhook_allow_private",
+    "SPACE_WEBHOOK_RETRY_SECONDS": "webhook_retry_seconds",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"

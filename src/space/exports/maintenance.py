@@ -16,6 +16,7 @@ from space.exports.models import ExportState
 from space.exports.queue import enqueue_export
 from space.exports.storage import ResultKey, ResultStore
 from space.orgs import service as orgs
+from space.webhooks import service as webhooks
 
 log = logging.getLogger("space.exports")
 
@@ -58,9 +59,9 @@ async def reconcile(settings: Settings, db: Database, queue: Queue, limit: int =
     for export_id, org_id, state, attempt in candidates:
         if state == ExportState.running.value and attempt >= settings.export_retries:
             async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
-                failed += await ledger.fail_exhausted(
-                    uow.session, export_id, org_id, max_attempts=settings.export_retries
-                )
+                if await ledger.fail_exhausted(uow.session, export_id, org_id, max_attempts=settings.export_retries):
+                    await webhooks.export_worker_lost(uow, queue, org_id, export_id)
+                    failed += 1
             continue
         orgs[org_id] = None
     requeued = 0

@@ -25,6 +25,9 @@ from space.orgs.service import lock_org
 log = logging.getLogger("space.purge")
 
 PURGE_TABLES: tuple[str, ...] = (
+    "webhook_attempts",
+    "webhook_deliveries",
+    "webhook_endpoints",
     "export_chunks",
     "export_jobs",
     "tickets",

@@ -104,7 +104,7 @@ class LifecycleController(Controller):
         """Start the grace period; the purge follows after deleteAfter."""
         settings: Settings = request.app.state.settings
         return await lifecycle.request_deletion(
-            ctx.uow.session, ctx.org, ctx.principal.user_id, data, settings.deletion_grace_seconds
+            ctx.uow, ctx.org, ctx.principal.user_id, data, settings.deletion_grace_seconds, request.app.state.queue
         )
 
     @delete("/deletion", status_code=200)
