@@ -8,19 +8,25 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
 import psycopg
 import pytest
 from litestar.testing import AsyncTestClient
+from sqlalchemy import text
 
 from space.app import create_app
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
+from space.exports.queue import make_queue
 from space.orgs.jobs import purge_due
 from space.webhooks import service
-from space.webhooks.schemas import WebhookCreate
+from space.webhooks.delivery import deliver
+from space.webhooks.jobs import sweep_webhooks_job
+from space.webhooks.models import EventType
+from space.webhooks.schemas import EventData, WebhookCreate
 from space.worker import run_worker
 from tests.exports.fixtures import WAIT, add_tickets, create_export, tuned, wait_for, wait_state
 from tests.helpers import Api, Org, UserFactory, assert_problem
@@ -335,3 +341,69 @@ async def test_the_purge_removes_webhook_rows_with_the_org(
     for table in ("webhook_endpoints", "webhook_deliveries", "webhook_attempts"):
         assert counts(table, org.id) == 0
     assert counts("webhook_endpoints", keep.id) == 1
+
+
+async def test_a_failed_attempt_waits_its_backoff(
+    local_api: Api, db: Database, private_ok: Settings, owner: psycopg.Connection[Any]
+) -> None:
+    """The attempt is made by the delivery code itself (no queue): after a 500 the delivery is pending again,
+    due one backoff later by the database clock."""
+    org = await local_api.org()
+    with receiver([500]) as rx:
+        hook = await add_webhook(local_api, org, rx.url, ["org.deletion_requested"])
+        await request_deletion(local_api, org)
+        (delivery_id,) = owner.execute(
+            "SELECT id FROM webhook_deliveries WHERE endpoint_id = %s", (hook["id"],)
+        ).fetchone()  # type: ignore[misc]
+        slow = tuned(private_ok, webhook_retry_seconds=30)
+        assert await deliver(slow, db, None, delivery_id, uuid.UUID(org.id)) == "retrying"
+        assert rx.count == 1
+    row = owner.execute(
+        "SELECT state, attempts, next_attempt_at - clock_timestamp() > interval '25 seconds',"
+        " next_attempt_at - clock_timestamp() <= interval '30 seconds'"
+        " FROM webhook_deliveries WHERE id = %s",
+        (delivery_id,),
+    ).fetchone()
+    assert row == ("pending", 1, True, True)
+
+
+async def test_the_sweeper_sends_a_delivery_whose_enqueue_was_lost(
+    local_api: Api, db: Database, private_ok: Settings, owner: psycopg.Connection[Any]
+) -> None:
+    org = await local_api.org()
+    oid = uuid.UUID(org.id)
+    with receiver() as rx:
+        hook = await add_webhook(local_api, org, rx.url, ["export.failed"])
+        # Owed with no queue: as if the enqueue after the commit had failed.
+        async with UnitOfWork(db.sessionmaker, Tenant(org_id=oid)) as uow:
+            data = EventData(org_id=oid, export_id=uuid.uuid4(), state="failed", error_code="worker_lost")
+            assert await service.emit(uow, None, EventType.export_failed, data) == 1
+        queue = make_queue(private_ok, application_name="space-tests-sweeper")
+        await queue.connect()
+        try:
+            ctx = {"db": db, "worker": SimpleNamespace(queue=queue)}
+            (delivery_id,) = owner.execute(
+                "SELECT id FROM webhook_deliveries WHERE endpoint_id = %s", (hook["id"],)
+            ).fetchone()  # type: ignore[misc]
+            assert delivery_id not in await due(db)  # not overdue yet: its entry may still be on its way
+            owner.execute(
+                "UPDATE webhook_deliveries SET next_attempt_at = now() - interval '2 minutes' WHERE id = %s",
+                (delivery_id,),
+            )
+            assert delivery_id in await due(db)
+            assert (await sweep_webhooks_job(ctx))["enqueued"] >= 1
+            async with worker(private_ok):
+                got = await rx.next()
+                await attempts(local_api, org, hook["id"], 1)
+        finally:
+            await queue.disconnect()
+    assert verifies(hook["secret"], got)
+    assert json.loads(got.body)["data"]["errorCode"] == "worker_lost"
+    assert delivery_id not in await due(db)
+
+
+async def due(db: Database) -> set[uuid.UUID]:
+    """What the sweeper's function finds, read as the app role."""
+    async with UnitOfWork(db.sessionmaker) as uow:
+        rows = await uow.session.execute(text("SELECT delivery_id FROM space_webhooks_due_deliveries(1000)"))
+        return set(rows.scalars())

@@ -25,11 +25,11 @@ from space.orgs.service import lock_org
 log = logging.getLogger("space.purge")
 
 PURGE_TABLES: tuple[str, ...] = (
+    "export_chunks",
+    "export_jobs",
     "webhook_attempts",
     "webhook_deliveries",
     "webhook_endpoints",
-    "export_chunks",
-    "export_jobs",
     "tickets",
     "tasks",
     "projects",

@@ -22,8 +22,10 @@ def delivery_job(delivery_id: uuid.UUID, org_id: uuid.UUID, *, attempt: int, del
         function=DELIVER_WEBHOOK,
         kwargs={"delivery_id": str(delivery_id), "org_id": str(org_id)},
         key=f"webhook:{delivery_id}:{attempt}",
-        # SAQ schedules in whole seconds; rounding up never runs an attempt before its backoff.
-        scheduled=math.ceil(time.time() + delay) if delay > 0 else 0,
+        # SAQ schedules in whole seconds; rounding up never runs an attempt before its backoff. Never 0 ("at
+        # once"): SAQ replaces a finished entry of the same key only by a later `scheduled`, and the sweeper may
+        # need to enqueue a key whose earlier entry ended without claiming anything.
+        scheduled=math.ceil(time.time() + delay) if delay > 0 else int(time.time()),
         timeout=JOB_TIMEOUT_SECONDS,
         # The delivery's own attempt count is the bound; SAQ only carries it.
         retries=1,
