@@ -40,8 +40,9 @@ TICKET_TEXT = "Payroll of the whole company, do not leak"
 
 @pytest.fixture(scope="module")
 def private_ok(settings: Settings) -> Settings:
-    """Settings that let webhooks reach this machine's receiver, and retry at once."""
-    return tuned(settings, webhook_allow_private=True, webhook_retry_seconds=0)
+    """Settings that let webhooks reach this machine's receiver, and retry at once. More worker slots: entries
+    other modules left in the shared queue must not keep this module's deliveries waiting."""
+    return tuned(settings, webhook_allow_private=True, webhook_retry_seconds=0, worker_concurrency=6)
 
 
 @pytest.fixture(scope="module")
