@@ -42,7 +42,7 @@ TICKET_TEXT = "Payroll of the whole company, do not leak"
 def private_ok(settings: Settings) -> Settings:
     """Settings that let webhooks reach this machine's receiver, and retry at once. More worker slots: entries
     other modules left in the shared queue must not keep this module's deliveries waiting."""
-    return tuned(settings, webhook_allow_private=True, webhook_retry_seconds=0, worker_concurrency=6)
+    return tuned(settings, webhook_allow_private=True, webhook_retry_seconds=0, worker_concurrency=4)
 
 
 @pytest.fixture(scope="module")
