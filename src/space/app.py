@@ -25,6 +25,7 @@ from space.projects.routes import router as projects_router
 from space.system import health, me
 from space.tickets.routes import router as tickets_router
 from space.web.routes import router as web_router
+from space.webhooks.routes import WebhookController
 
 MAX_BODY_BYTES = 1024 * 1024
 API_IDLE_IN_TRANSACTION_TIMEOUT_MS = 10_000
@@ -85,6 +86,7 @@ def create_app(settings: Settings) -> Litestar:
             AuditController,
             snapshot_schema_route,
             manifest_schema_route,
+            WebhookController,
             web_router,
         ],
         dependencies=DEPENDENCIES,

@@ -55,8 +55,12 @@ MAINTENANCE_FUNCTIONS = (
     "space_exports_reconcile_candidates(integer)",
     "space_exports_expired_results(integer)",
     "space_exports_orphan_executions(integer)",
+    "space_webhooks_due_deliveries(integer, interval)",
 )
-OWN_POLICY = {"space_maintenance_due_purges(integer)": ("organizations", "maintenance_due_purges")}
+OWN_POLICY = {
+    "space_maintenance_due_purges(integer)": ("organizations", "maintenance_due_purges"),
+    "space_webhooks_due_deliveries(integer, interval)": ("webhook_deliveries", "maintenance_webhook_deliveries"),
+}
 
 
 @dataclass(frozen=True)

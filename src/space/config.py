@@ -66,6 +66,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     None: the key `space migrate` keeps in the database."""
     download_link_ttl_seconds: PositiveInt = 300
     """How long a download link works after it is minted, in seconds."""
+    webhook_allow_private: bool = False
+    """Webhook URLs may point at loopback, private and link-local addresses (tests and local development only)."""
+    webhook_retry_seconds: Annotated[float, msgspec.Meta(ge=0)] = 10
+    """Delay before a webhook's second attempt, in seconds; each later attempt waits 4 times longer."""
     trusted_proxies: str = ""
     """Comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client (audit `ip`)."""
 
@@ -103,6 +107,8 @@ ENV_VARS: dict[str, str] = {
     "SPACE_SECRET_KEY": "secret_key",
     "SPACE_DOWNLOAD_LINK_TTL_SECONDS": "download_link_ttl_seconds",
     "SPACE_TRUSTED_PROXIES": "trusted_proxies",
+    "SPACE_WEBHOOK_ALLOW_PRIVATE": "webhook_allow_private",
+    "SPACE_WEBHOOK_RETRY_SECONDS": "webhook_retry_seconds",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"

@@ -25,6 +25,8 @@ from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT, make_queue
 from space.exports.storage import PgResultStore
 from space.orgs.jobs import purge_due_job
+from space.webhooks.jobs import deliver_webhook_job, sweep_webhooks_job
+from space.webhooks.queue import DELIVER_WEBHOOK
 
 log = logging.getLogger("space.worker")
 
@@ -65,7 +67,7 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
     async def shutdown(ctx: Any) -> None:
         await db.dispose()
 
-    functions: Any = [(RUN_EXPORT, run_export_job)]
+    functions: Any = [(RUN_EXPORT, run_export_job), (DELIVER_WEBHOOK, deliver_webhook_job)]
     cadence = cadence_seconds(settings)
     # SAQ sweeps entries whose heartbeat (one lease) stopped; sweeping once a lease finds them in time.
     # The other timers are SAQ's defaults (its typing wants every key).
@@ -74,6 +76,7 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
         CronJob(reconcile_exports_job, cron=every(cadence), timeout=60),
         CronJob(cleanup_exports_job, cron=EVERY_FIVE_MINUTES, timeout=300),
         CronJob(purge_due_job, cron=EVERY_MINUTE, timeout=300),
+        CronJob(sweep_webhooks_job, cron=EVERY_MINUTE, timeout=60),
     ]
     worker: Worker[Any] = Worker(
         queue,

@@ -122,7 +122,7 @@ async def _deletion_in(
                 uow.session, oid, Action.request_deletion, actor_id=org.owner.id, grace_seconds=60, precondition=hold
             )
         row = await uow.session.get_one(Organization, oid)
-        return await lifecycle.request_deletion(uow.session, row, org.owner.id, DeletionRequest(confirm="Acme"), 60)
+        return await lifecycle.request_deletion(uow, row, org.owner.id, DeletionRequest(confirm="Acme"), 60)
 
 
 async def test_deletion_waits_for_a_publish_holding_the_org_lock(

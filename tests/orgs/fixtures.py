@@ -4,12 +4,19 @@ check that a deleted org is gone from every route."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
+import msgspec
 import psycopg
+from sqlalchemy import select
 
 from space.config import Settings
-from space.db import Database
+from space.db import Database, Tenant, UnitOfWork
+from space.webhooks import service as webhooks
+from space.webhooks.delivery import deliver
+from space.webhooks.models import WebhookDelivery
+from space.webhooks.schemas import WebhookCreate
 from tests.exports.fixtures import completed_export, insert_export
 from tests.helpers import Api, Org, assert_problem
 
@@ -40,7 +47,20 @@ async def seed(api: Api, db: Database, settings: Settings, org: Org, *, projects
         who = org.customer if i % 2 else org.member
         r = await api.call("POST", org.path("/tickets"), who, json={"title": f"ticket {i}"})
         assert r.status_code == 201, r.text
+    # A webhook endpoint, the delivery the export below owes it (no queue: nothing is enqueued), and one
+    # attempt of it, made for real against a closed local port.
+    oid = uuid.UUID(org.id)
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=oid)) as uow:
+        hook = msgspec.convert({"url": "http://127.0.0.1:9/closed", "events": ["export.completed"]}, WebhookCreate)
+        created = await webhooks.create_webhook(uow.session, oid, org.owner.id, hook, allow_private=True)
     await completed_export(api, db, settings, org, {"kind": "snapshot"})
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=oid)) as uow:
+        delivery_id = await uow.session.scalar(
+            select(WebhookDelivery.id).where(WebhookDelivery.endpoint_id == created.id)
+        )
+    assert delivery_id is not None
+    local = msgspec.structs.replace(settings, webhook_allow_private=True)
+    assert await deliver(local, db, None, delivery_id, oid) == "retrying"
     await insert_export(db, org.id, org.owner.id, chunks=3)
     await insert_export(db, org.id, org.member.id, kind="tickets_csv", chunks=2)
 

@@ -12,7 +12,9 @@ from space.exports.queue import RUN_EXPORT, TERMINAL
 
 async def run_export_job(ctx: Any, *, export_id: str, org_id: str) -> str:
     """SAQ job: run one export."""
-    runner = ExportRunner(ctx["settings"], ctx["db"], ctx["store"], job=ctx.get("job"))
+    worker = ctx.get("worker")
+    queue = worker.queue if worker is not None else None
+    runner = ExportRunner(ctx["settings"], ctx["db"], ctx["store"], job=ctx.get("job"), queue=queue)
     return await run_export(runner, uuid.UUID(export_id), uuid.UUID(org_id))
 
 

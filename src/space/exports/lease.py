@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from saq import Job
+from saq import Job, Queue
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.audit import service as audit
@@ -30,6 +30,7 @@ from space.exports.failures import Deferred, LeaseLost
 from space.exports.ledger import Fence
 from space.exports.models import ExportScope
 from space.exports.storage import ResultKey
+from space.webhooks import service as webhooks
 
 log = logging.getLogger("space.exports")
 
@@ -65,11 +66,14 @@ class Lease:
     _heartbeat: Heartbeat | None = field(default=None, repr=False)
 
     @classmethod
-    async def claim(cls, db: Database, settings: Settings, export_id: uuid.UUID, org_id: uuid.UUID) -> Lease | None:
+    async def claim(
+        cls, db: Database, settings: Settings, export_id: uuid.UUID, org_id: uuid.UUID, *, queue: Queue | None = None
+    ) -> Lease | None:
         """Take the export with one conditional UPDATE; None when another worker owns it or it is finished.
 
-        A claimable export that has used all its attempts fails `worker_lost` instead. Raises Deferred, and
-        changes nothing, while the org already runs `export_org_concurrency` exports with a live lease.
+        A claimable export that has used all its attempts fails `worker_lost` instead (its `export.failed`
+        webhooks are enqueued on `queue` after the commit). Raises Deferred, and changes nothing, while the org
+        already runs `export_org_concurrency` exports with a live lease.
         """
         fence = Fence(export_id, org_id, uuid.uuid4())
         max_attempts = settings.export_retries
@@ -78,6 +82,7 @@ class Lease:
             await lock_org_claims(uow.session, org_id)
             if await ledger.running(uow.session, org_id) >= settings.export_org_concurrency:
                 if await fail_exhausted(uow.session, export_id, org_id, max_attempts=max_attempts):
+                    await webhooks.export_worker_lost(uow, queue, org_id, export_id)
                     return None
                 if await ledger.claimable(uow.session, export_id, org_id, max_attempts=max_attempts):
                     raise Deferred(f"org {org_id} runs {settings.export_org_concurrency} exports already")
@@ -89,7 +94,8 @@ class Lease:
                 lease_seconds=settings.export_lease_seconds,
             )
             if row is None:
-                await fail_exhausted(uow.session, export_id, org_id, max_attempts=max_attempts)
+                if await fail_exhausted(uow.session, export_id, org_id, max_attempts=max_attempts):
+                    await webhooks.export_worker_lost(uow, queue, org_id, export_id)
                 return None
         return cls(
             db=db,

@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Self
 
 import psycopg.errors
-from saq import Job
+from saq import Job, Queue
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -35,6 +35,9 @@ from space.exports.models import ExportKind, ExportScope, ExportState
 from space.exports.storage import ChunkWriter, ResultStore
 from space.orgs import service as orgs
 from space.orgs.models import OrgState, Role
+from space.webhooks import service as webhooks
+from space.webhooks.models import EventType
+from space.webhooks.schemas import EventData
 
 log = logging.getLogger("space.exports")
 
@@ -51,12 +54,14 @@ async def _open(point: str, lease: Lease) -> None:
 
 @dataclass
 class ExportRunner:
-    """What a run needs: settings, the app-role database, the result store, and the SAQ job to touch."""
+    """What a run needs: settings, the app-role database, the result store, the SAQ job to touch, and the queue
+    its webhook deliveries are enqueued on after commit (None: the webhook sweeper sends them)."""
 
     settings: Settings
     db: Database
     store: ResultStore
     job: Job | None = None
+    queue: Queue | None = None
 
 
 async def run_export(runner: ExportRunner, export_id: uuid.UUID, org_id: uuid.UUID, *, gate: Gate = _open) -> str:
@@ -67,7 +72,7 @@ async def run_export(runner: ExportRunner, export_id: uuid.UUID, org_id: uuid.UU
     gives the export back and re-raises so SAQ retries, except on the last attempt, which fails it.
     """
     try:
-        lease = await Lease.claim(runner.db, runner.settings, export_id, org_id)
+        lease = await Lease.claim(runner.db, runner.settings, export_id, org_id, queue=runner.queue)
     except Deferred:
         return "deferred"
     if lease is None:
@@ -204,6 +209,8 @@ async def publish(runner: ExportRunner, lease: Lease, built: Built, gate: Gate =
             outcome = failure.code
         else:
             await lease.complete_in(uow.session, built)
+        # In the publish's transaction: the event exists exactly when the outcome committed.
+        await _announce(uow, runner, lease, outcome)
     if outcome != ExportState.completed.value:
         await runner.store.delete(lease.key)
     return outcome
@@ -219,11 +226,26 @@ async def _within_quota(session: AsyncSession, lease: Lease, size: int, quota: i
 
 async def _fail(runner: ExportRunner, lease: Lease, code: str) -> str:
     try:
-        await lease.fail(code)
+        async with UnitOfWork(runner.db.sessionmaker, Tenant(org_id=lease.org_id)) as uow:
+            await lease.fail_in(uow.session, code)
+            await _announce(uow, runner, lease, code)
     except LeaseLost:
         return "lease_lost"
     await runner.store.delete(lease.key)
     return code
+
+
+async def _announce(uow: UnitOfWork, runner: ExportRunner, lease: Lease, outcome: str) -> None:
+    # Webhooks of the outcome, in the transaction that records it (their jobs are enqueued after its commit).
+    completed = outcome == ExportState.completed.value
+    data = EventData(
+        org_id=lease.org_id,
+        export_id=lease.export_id,
+        kind=lease.kind,
+        state=ExportState.completed.value if completed else ExportState.failed.value,
+        error_code=None if completed else outcome,
+    )
+    await webhooks.emit(uow, runner.queue, EventType.export_completed if completed else EventType.export_failed, data)
 
 
 def progress_of(rows: int, total: int) -> int:

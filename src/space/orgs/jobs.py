@@ -27,6 +27,9 @@ log = logging.getLogger("space.purge")
 PURGE_TABLES: tuple[str, ...] = (
     "export_chunks",
     "export_jobs",
+    "webhook_attempts",
+    "webhook_deliveries",
+    "webhook_endpoints",
     "tickets",
     "tasks",
     "projects",

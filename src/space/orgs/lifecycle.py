@@ -10,16 +10,21 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from saq import Queue
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.audit import service as audit
 from space.audit.models import AuditAction
+from space.db import UnitOfWork
 from space.errors import FinalExportRecommended, InvalidRequest, InvalidTransition
 from space.exports import service as exports
 from space.orgs.models import Organization, OrgState, Role
 from space.orgs.schemas import DeletionRequest, Org
 from space.orgs.service import authority, lock_org, org_out
+from space.webhooks import service as webhooks
+from space.webhooks.models import EventType
+from space.webhooks.schemas import EventData
 
 FINAL_EXPORT_WINDOW = dt.timedelta(hours=24)
 """How recent an owner's completed snapshot must be for a deletion request without skipFinalExport."""
@@ -156,15 +161,20 @@ async def reactivate(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UU
 
 
 async def request_deletion(
-    session: AsyncSession,
+    uow: UnitOfWork,
     org: Organization,
     owner_id: uuid.UUID,
     data: DeletionRequest,
     grace_seconds: int,
+    queue: Queue | None = None,
     *,
     ip: str | None = None,
 ) -> Org:
-    """active|suspended -> deleting, with deleteAfter = now + grace; needs the name and a recent final export."""
+    """active|suspended -> deleting, with deleteAfter = now + grace; needs the name and a recent final export.
+
+    The org's `org.deletion_requested` webhooks are owed in the same transaction and enqueued on `queue` after it.
+    """
+    session = uow.session
     if data.confirm != org.name:
         raise InvalidRequest("confirm: must equal the organization's name.", errors=[{"key": "confirm"}])
 
@@ -187,6 +197,7 @@ async def request_deletion(
         ip=ip,
         details={"skipFinalExport": data.skip_final_export},
     )
+    await webhooks.emit(uow, queue, EventType.org_deletion_requested, EventData(org_id=locked.id))
     return org_out(locked)
 
 

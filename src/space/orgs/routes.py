@@ -104,7 +104,13 @@ class LifecycleController(Controller):
         """Start the grace period; the purge follows after deleteAfter."""
         settings: Settings = request.app.state.settings
         return await lifecycle.request_deletion(
-            ctx.uow.session, ctx.org, ctx.principal.user_id, data, settings.deletion_grace_seconds, ip=ctx.ip
+            ctx.uow,
+            ctx.org,
+            ctx.principal.user_id,
+            data,
+            settings.deletion_grace_seconds,
+            request.app.state.queue,
+            ip=ctx.ip,
         )
 
     @delete("/deletion", status_code=200)

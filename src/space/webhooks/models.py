@@ -1,0 +1,76 @@
+"""Webhook endpoints, the deliveries owed to them, and each HTTP attempt (migration 0009)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import uuid
+
+from sqlalchemy import ForeignKey, Text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import Mapped, mapped_column
+
+from space.db.base import Base, created_at, uuid_pk
+
+
+class EventType(enum.StrEnum):
+    """What an endpoint can subscribe to (SPEC §12)."""
+
+    export_completed = "export.completed"
+    export_failed = "export.failed"
+    org_deletion_requested = "org.deletion_requested"
+
+
+class DeliveryState(enum.StrEnum):
+    """`pending` until an attempt is made, `sending` while one is in flight, then delivered or failed."""
+
+    pending = "pending"
+    sending = "sending"
+    delivered = "delivered"
+    failed = "failed"
+
+
+class WebhookEndpoint(Base):
+    """A URL an org's admins registered, the events it wants, and the secret its deliveries are signed with."""
+
+    __tablename__ = "webhook_endpoints"
+    id: Mapped[uuid.UUID] = uuid_pk()
+    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    url: Mapped[str]
+    events: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    secret: Mapped[str]
+    created_by: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[dt.datetime] = created_at()
+
+
+class WebhookDelivery(Base):
+    """One event owed to one endpoint; `body` is the exact payload signed and sent at every attempt."""
+
+    __tablename__ = "webhook_deliveries"
+    id: Mapped[uuid.UUID] = uuid_pk()
+    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    endpoint_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    event_id: Mapped[uuid.UUID]
+    event_type: Mapped[str]
+    body: Mapped[str]
+    state: Mapped[str] = mapped_column(default=DeliveryState.pending.value)
+    attempts: Mapped[int] = mapped_column(default=0)
+    next_attempt_at: Mapped[dt.datetime] = created_at()
+    lease_expires_at: Mapped[dt.datetime | None]
+    created_at: Mapped[dt.datetime] = created_at()
+    finished_at: Mapped[dt.datetime | None]
+
+
+class WebhookAttempt(Base):
+    """One HTTP attempt of a delivery: the deliveries log."""
+
+    __tablename__ = "webhook_attempts"
+    id: Mapped[uuid.UUID] = uuid_pk()
+    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    endpoint_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    delivery_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"))
+    attempt: Mapped[int]
+    at: Mapped[dt.datetime] = created_at()
+    status: Mapped[str]
+    response_code: Mapped[int | None]
+    error: Mapped[str | None]
