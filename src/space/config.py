@@ -12,6 +12,9 @@ import msgspec
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+# Letters, digits and . _ - only: the name becomes part of Redis keys and of a PostgreSQL NOTIFY channel
+# (`saq:<name>`, an identifier of at most 63 bytes: longer names would be cut short and could meet).
+QueueName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,59}$")]
 
 
 class SettingsError(Exception):
@@ -58,6 +61,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """statement_timeout of the API's database connections, in milliseconds."""
     download_concurrency: PositiveInt = 64
     """Downloads one API process streams at once; beyond it, 503 busy."""
+    queue_name: QueueName | None = None
+    """SAQ queue name (Redis key prefix, PostgreSQL queue column); None: `space-<installation id>`."""
 
 
 # Environment variable -> Settings field. Only these are read; everything else in the environment is ignored.
@@ -86,6 +91,7 @@ ENV_VARS: dict[str, str] = {
     "SPACE_EXPORT_ORG_CONCURRENCY": "export_org_concurrency",
     "SPACE_API_STATEMENT_TIMEOUT_MS": "api_statement_timeout_ms",
     "SPACE_DOWNLOAD_CONCURRENCY": "download_concurrency",
+    "SPACE_QUEUE_NAME": "queue_name",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"
