@@ -47,7 +47,10 @@ def _give_back(ctx: Any, job: Job, owner: str) -> None:
     """
     job.attempts -= 1
     job.retry_delay = max(job.retry_delay, FOREIGN_RETRY_SECONDS)
-    logged: collections.OrderedDict[str, None] = ctx.setdefault("foreign_logged", collections.OrderedDict())
+    # The worker's own ctx (each job's ctx is a copy of it), so the memory outlives this job.
+    logged: collections.OrderedDict[str, None] = ctx["worker"].context.setdefault(
+        "foreign_logged", collections.OrderedDict()
+    )
     if job.key not in logged:
         logged[job.key] = None
         if len(logged) > FOREIGN_LOGGED:
