@@ -322,3 +322,50 @@ async def _row(owner_url: str, export_id: str) -> dict[str, Any]:
         cur = await conn.execute("SELECT state, attempt FROM export_jobs WHERE id = %s", (export_id,))
         state, attempt = await cur.fetchone()  # type: ignore[misc]
         return {"state": state, "attempt": attempt}
+
+
+# --- a database of an older release ---------------------------------------------------------------------------
+
+
+async def test_an_older_database_is_refused_until_migrated_and_its_old_queue_entries_are_cleared(
+    owner_url: str,
+) -> None:
+    from saq.queue.postgres import PostgresQueue
+
+    from space.check import ready_to_serve
+    from space.db import queue_conninfo
+    from space.exports.queue import export_job, open_queue
+    from space.failures import OperatorError
+
+    with fresh_database(owner_url, "space_old", revision="0006") as url:
+        settings = load_settings({}, database_url=url)
+        with pytest.raises(OperatorError, match=r"no installation id .* run `space migrate`"):
+            await ready_to_serve(settings)
+        # The older release's queue, under its fixed name, holds an unfinished entry of an export and a cron entry.
+        export_id, org_id = uuid.uuid4(), uuid.uuid4()
+        old = PostgresQueue(url=queue_conninfo(url), name="space", min_size=1, max_size=2)
+        await old.connect()
+        try:
+            assert await old.enqueue(export_job(settings, export_id, org_id)) is not None
+            assert (
+                await old.enqueue("reconcile_exports_job", key="cron:reconcile_exports_job", scheduled=2**31)
+                is not None
+            )
+        finally:
+            await old.disconnect()
+
+        upgrade(url)
+        await ready_to_serve(settings)
+        async with app_database(url, "space-tests-old") as db:
+            queue = await open_queue(settings, db, application_name="space-tests-old-queue")
+            await queue.connect()
+            try:
+                # The export's key is free again for the new queue (the reconciler's enqueue is not refused).
+                assert await queue.enqueue(export_job(settings, export_id, org_id)) is not None
+                entry = await queue.job(str(export_id))
+                assert entry is not None and entry.queue is not None and entry.queue.name == queue.name
+            finally:
+                await queue.disconnect()
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            cur = await conn.execute("SELECT count(*) FROM saq.saq_jobs WHERE queue = 'space'")
+            assert await cur.fetchone() == (0,)
