@@ -8,6 +8,7 @@ their lease back, and the pools close.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
@@ -93,6 +94,7 @@ async def build_worker(settings: Settings, *, application_name: str = "space-wor
         ctx["db"] = db
         ctx["store"] = PgResultStore(db.sessionmaker)
         ctx["installation"] = identity.installation
+        ctx["foreign_logged"] = collections.OrderedDict()  # of other installations' jobs, each logged once
         log.info("worker of installation %s on queue %s", identity.installation, identity.name)
 
     async def shutdown(ctx: Any) -> None:

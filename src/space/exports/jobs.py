@@ -47,10 +47,8 @@ def _give_back(ctx: Any, job: Job, owner: str) -> None:
     """
     job.attempts -= 1
     job.retry_delay = max(job.retry_delay, FOREIGN_RETRY_SECONDS)
-    # The worker's own ctx (each job's ctx is a copy of it), so the memory outlives this job.
-    logged: collections.OrderedDict[str, None] = ctx["worker"].context.setdefault(
-        "foreign_logged", collections.OrderedDict()
-    )
+    # Made by the worker's startup: each job's ctx is a shallow copy of the worker's, so this one outlives the job.
+    logged: collections.OrderedDict[str, None] = ctx["foreign_logged"]
     if job.key not in logged:
         logged[job.key] = None
         if len(logged) > FOREIGN_LOGGED:
