@@ -74,6 +74,10 @@ async def build_worker(settings: Settings, *, application_name: str = "space-wor
     assert settings.database_url, "the worker needs a database URL"
     db = Database(app_url(settings.database_url, settings.app_database_url), application_name=application_name)
     try:
+        # Before anything else, the installation id included: a role that could see past RLS stops the worker
+        # (AppRoleError), before it takes any job.
+        async with db.engine.connect() as conn:
+            await check_app_role(conn)
         identity = await queue_identity(settings, db)
     except BaseException:
         await db.dispose()
@@ -87,9 +91,6 @@ async def build_worker(settings: Settings, *, application_name: str = "space-wor
     _quiet_foreign_jobs()
 
     async def startup(ctx: Any) -> None:
-        # Before any job: a role that could see past RLS stops the worker (AppRoleError, out of Worker.start).
-        async with db.engine.connect() as conn:
-            await check_app_role(conn)
         ctx["settings"] = settings
         ctx["db"] = db
         ctx["store"] = PgResultStore(db.sessionmaker)
