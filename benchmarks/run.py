@@ -23,13 +23,17 @@ Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a
    ranges through that link (one after another, and 4 at a time), in a fresh `space api` (median of 3 rounds; `--links-only`
    runs just this case, on a database of its own);
 6. `space up` (API and worker in one process, one event loop): the 1M tickets export again while the
-   status route is polled back to back; its latencies show whether the export blocks the event loop.
+   status route is polled back to back; its latencies show whether the export blocks the event loop;
+7. workers_scaling (`benchmarks.scaling`): 8 orgs of 500,000 tickets, one CSV export each asked at once, with
+   one `space worker` process and then two (concurrency 1 each): total time, its ratio, and the database's
+   share of the CPU.
 
 Prints one line per case (and the fairness line) on stdout and writes them to benchmarks/results/latest.json
 (fairness: results/fairness.json; the download cases: results/downloads.json); progress and the status-route latencies go to stderr (and
-results/status_latency.json).
+results/status_latency.json; workers_scaling: results/workers_scaling.json).
 
     python -m benchmarks.run [--tickets 1000000] [--small-tickets 100000] [--tasks 1000000]
+                             [--scaling-orgs 8] [--scaling-tickets 500000] [--only workers_scaling]
 """
 
 from __future__ import annotations
@@ -740,14 +744,36 @@ async def parallel_downloads(url: str, path: str, token: str, size: int) -> dict
         }
 
 
+async def scaling(url: str, orgs: int, tickets: int) -> dict[str, Any]:
+    """The workers_scaling case on its own orgs (seeded here)."""
+    from benchmarks.scaling import workers_scaling
+
+    log(f"workers_scaling: seeding {orgs} orgs of {tickets} tickets ...")
+    started = time.perf_counter()
+    seeded = await seed(url, {f"BenchScale{i}": (tickets, 0) for i in range(orgs)})
+    log(f"seeded and vacuumed in {time.perf_counter() - started:.1f} s")
+    return await workers_scaling(url, list(seeded.values()), tickets)
+
+
+def _version(url: str) -> None:
+    with psycopg.connect(url) as conn:
+        version = conn.execute("SHOW server_version").fetchone()
+    log(f"PostgreSQL {version[0] if version else '?'}, {os.cpu_count()} CPUs")
+
+
+async def run_scaling_only(orgs: int, tickets: int) -> dict[str, Any]:
+    """Only the workers_scaling case, against a fresh database."""
+    with server() as admin, fresh_database(admin) as url:
+        _version(url)
+        return await scaling(url, orgs, tickets)
+
+
 async def run(
-    tickets: int, small_tickets: int, tasks: int
-) -> tuple[list[Case], dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    tickets: int, small_tickets: int, tasks: int, scaling_orgs: int, scaling_tickets: int
+) -> tuple[list[Case], dict[str, Any], dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """Every case, in one run against a fresh database."""
     with server() as admin, fresh_database(admin) as url, tempfile.TemporaryDirectory() as tmp:
-        with psycopg.connect(url) as conn:
-            version = conn.execute("SHOW server_version").fetchone()
-        log(f"PostgreSQL {version[0] if version else '?'}, {os.cpu_count()} CPUs")
+        _version(url)
         log(f"seeding {small_tickets} tickets; {tickets} tickets and {tasks} tasks ...")
         started = time.perf_counter()
         # The snapshot's rows are its projects (20) and tasks; the default row limit is 1,000,000.
@@ -775,7 +801,8 @@ async def run(
         log("space up: the tickets export in the HTTP process, status polled back to back ...")
         latency = await in_process(url, orgs["Bench1M"], cases_export_ids[-1])
         log(" ".join(f"{k}={v}" for k, v in latency.items()))
-    return cases, fair, latency, [*many, links]
+        scaled = await scaling(url, scaling_orgs, scaling_tickets)
+    return cases, fair, latency, [*many, links], scaled
 
 
 async def run_links(tickets: int) -> dict[str, Any]:
@@ -806,21 +833,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tickets", type=int, default=1_000_000, help="tickets of the large case (1000000)")
     parser.add_argument("--small-tickets", type=int, default=100_000, help="tickets of the small case (100000)")
     parser.add_argument("--tasks", type=int, default=1_000_000, help="tasks in the snapshot (1000000)")
+    parser.add_argument("--scaling-orgs", type=int, default=8, help="orgs (one export each) of workers_scaling (8)")
+    parser.add_argument("--scaling-tickets", type=int, default=500_000, help="tickets per workers_scaling org (500000)")
+    parser.add_argument("--only", choices=["workers_scaling"], help="run only this case")
     parser.add_argument("--links-only", action="store_true", help="only the link-download case (results/links.json)")
     args = parser.parse_args(argv)
+    RESULTS.mkdir(exist_ok=True)
     if args.links_only:
         links = asyncio.run(run_links(args.tickets))
         print(" ".join(f"{k}={_fmt(v)}" for k, v in links.items()))
-        RESULTS.mkdir(exist_ok=True)
         (RESULTS / "links.json").write_text(json.dumps(links, indent=2) + "\n")
         return
-    cases, fair, latency, many = asyncio.run(run(args.tickets, args.small_tickets, args.tasks))
+    if args.only == "workers_scaling":
+        scaled = asyncio.run(run_scaling_only(args.scaling_orgs, args.scaling_tickets))
+        print(" ".join(f"{k}={_fmt(v)}" for k, v in scaled.items()))
+        (RESULTS / "workers_scaling.json").write_text(json.dumps(scaled, indent=2) + "\n")
+        return
+    cases, fair, latency, many, scaled = asyncio.run(
+        run(args.tickets, args.small_tickets, args.tasks, args.scaling_orgs, args.scaling_tickets)
+    )
     for case in cases:
         print(case.line())
     print(" ".join(f"{k}={_fmt(v)}" for k, v in fair.items()))
     for line in many:
         print(" ".join(f"{k}={_fmt(v)}" for k, v in line.items()))
-    RESULTS.mkdir(exist_ok=True)
+    print(" ".join(f"{k}={_fmt(v)}" for k, v in scaled.items()))
+    (RESULTS / "workers_scaling.json").write_text(json.dumps(scaled, indent=2) + "\n")
     (RESULTS / "fairness.json").write_text(json.dumps(fair, indent=2) + "\n")
     (RESULTS / "latest.json").write_text(json.dumps([asdict(c) for c in cases], indent=2) + "\n")
     (RESULTS / "downloads.json").write_text(json.dumps(many, indent=2) + "\n")

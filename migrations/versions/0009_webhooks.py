@@ -15,7 +15,7 @@ Create Date: 2026-12-01
 from alembic import op
 
 revision = "0009"
-down_revision = "0010"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

@@ -18,7 +18,7 @@ from space.db import Database, app_url, check_app_role
 from space.errors import EXCEPTION_HANDLERS
 from space.exports.downloads import DownloadSlots
 from space.exports.links import load_signer
-from space.exports.queue import make_queue
+from space.exports.queue import make_queue, queue_identity
 from space.exports.routes import ExportController, manifest_schema_route, snapshot_schema_route
 from space.orgs.routes import router as orgs_router
 from space.projects.routes import router as projects_router
@@ -55,23 +55,28 @@ def create_app(settings: Settings) -> Litestar:
             application_name="space-api",
             server_settings=api_server_settings(settings),
         )
-        # The API only enqueues (after commits); workers consume. Its own small pool, as space_queue.
-        queue = make_queue(settings, application_name="space-api-queue", max_connections=4)
         app.state.db = db
         app.state.settings = settings
-        app.state.queue = queue
         app.state.download_slots = DownloadSlots(settings.download_concurrency)
         app.state.trusted_proxies = parse_networks(settings.trusted_proxies)
+        queue = None
         try:
             # SPEC §14: a role that could see past RLS stops start-up (AppRoleError) before any request.
             async with db.engine.connect() as conn:
                 await check_app_role(conn)
             app.state.link_signer = await load_signer(settings, db.engine)
+            # The API only enqueues (after commits), onto its installation's queue; workers consume. Its own
+            # small pool, as space_queue.
+            queue = make_queue(
+                settings, await queue_identity(settings, db), application_name="space-api-queue", max_connections=4
+            )
+            app.state.queue = queue
             await queue.connect()
             yield
         finally:
             try:
-                await queue.disconnect()
+                if queue is not None:
+                    await queue.disconnect()
             finally:
                 await db.dispose()
 

@@ -179,6 +179,12 @@ async def ready_to_serve(settings: Settings) -> None:
             raise OperatorError(
                 f"the database {app.engine.url.database} is not migrated: run `space migrate` (as the owner)"
             )
+        # The installation id names the queue; a database migrated by an older release has none yet.
+        if not await app.scalar(text("SELECT to_regclass('public.installation') IS NOT NULL")):
+            raise OperatorError(
+                f"the database {app.engine.url.database} has no installation id (it names the queue):"
+                " run `space migrate` (as the owner)"
+            )
     state = await _queue_state(queue_target(settings))
     if not state.usable:
         raise OperatorError(f"{state.problem()}: run `space migrate` (as the owner)")

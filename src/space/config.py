@@ -15,6 +15,9 @@ NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 SecretKeys = Annotated[str, msgspec.Meta(pattern=r"^[^,]{32,}(,[^,]{32,})*$")]
 """One or more comma-separated keys of at least 32 characters each (HMAC-SHA256 wants 32 bytes)."""
+# Letters, digits and . _ - only: the name becomes part of Redis keys and of a PostgreSQL NOTIFY channel
+# (`saq:<name>`, an identifier of at most 63 bytes: longer names would be cut short and could meet).
+QueueName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,59}$")]
 
 
 class SettingsError(Exception):
@@ -70,6 +73,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Webhook URLs may point at loopback, private and link-local addresses (tests and local development only)."""
     webhook_retry_seconds: Annotated[float, msgspec.Meta(ge=0)] = 10
     """Delay before a webhook's second attempt, in seconds; each later attempt waits 4 times longer."""
+    queue_name: QueueName | None = None
+    """SAQ queue name (Redis key prefix, PostgreSQL queue column); None: `space-<installation id>`."""
     trusted_proxies: str = ""
     """Comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client (audit `ip`)."""
 
@@ -109,6 +114,7 @@ ENV_VARS: dict[str, str] = {
     "SPACE_TRUSTED_PROXIES": "trusted_proxies",
     "SPACE_WEBHOOK_ALLOW_PRIVATE": "webhook_allow_private",
     "SPACE_WEBHOOK_RETRY_SECONDS": "webhook_retry_seconds",
+    "SPACE_QUEUE_NAME": "queue_name",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"

@@ -8,6 +8,7 @@ their lease back, and the pools close.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
@@ -20,9 +21,15 @@ from saq.types import PartialTimersDict
 
 from space.config import Settings
 from space.db import Database, app_url, check_app_role
-from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_export_job, wake_after_export_job
+from space.exports.jobs import (
+    ForeignJob,
+    cleanup_exports_job,
+    reconcile_exports_job,
+    run_export_job,
+    wake_after_export_job,
+)
 from space.exports.lease import HAND_BACK_SECONDS
-from space.exports.queue import RUN_EXPORT, make_queue
+from space.exports.queue import RUN_EXPORT, make_queue, queue_identity
 from space.exports.storage import PgResultStore
 from space.orgs.jobs import purge_due_job
 from space.webhooks.jobs import deliver_webhook_job, sweep_webhooks_job
@@ -48,21 +55,50 @@ def every(seconds: int) -> str:
     return EVERY_MINUTE if seconds >= 60 else f"* * * * * */{seconds}"
 
 
-def build_worker(settings: Settings, *, application_name: str = "space-worker") -> Worker[Any]:
-    """A SAQ worker whose ctx carries `settings`, `db` (app role) and `store` for every job."""
-    assert settings.database_url, "the worker needs a database URL"
-    queue = make_queue(
-        settings, application_name=f"{application_name}-queue", max_connections=4 + 2 * settings.worker_concurrency
-    )
-    db = Database(app_url(settings.database_url, settings.app_database_url), application_name=application_name)
+class _QuietForeignJobs(logging.Filter):
+    """Drops SAQ's "Error processing job" traceback for a job handed back to another installation: it is not an
+    error, and `space.exports.jobs` has logged it once already (SAQ would log it at every pass)."""
 
-    async def startup(ctx: Any) -> None:
-        # Before any job: a role that could see past RLS stops the worker (AppRoleError, out of Worker.start).
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a record whose exception is ForeignJob."""
+        return not (record.exc_info and isinstance(record.exc_info[1], ForeignJob))
+
+
+def _quiet_foreign_jobs() -> None:
+    saq_log = logging.getLogger("saq")
+    if not any(isinstance(f, _QuietForeignJobs) for f in saq_log.filters):
+        saq_log.addFilter(_QuietForeignJobs())
+
+
+async def build_worker(settings: Settings, *, application_name: str = "space-worker") -> Worker[Any]:
+    """A SAQ worker on this installation's queue, whose ctx carries `settings`, `db` (app role), `store` and
+    `installation` for every job."""
+    assert settings.database_url, "the worker needs a database URL"
+    db = Database(app_url(settings.database_url, settings.app_database_url), application_name=application_name)
+    try:
+        # Before anything else, the installation id included: a role that could see past RLS stops the worker
+        # (AppRoleError), before it takes any job.
         async with db.engine.connect() as conn:
             await check_app_role(conn)
+        identity = await queue_identity(settings, db)
+    except BaseException:
+        await db.dispose()
+        raise
+    queue = make_queue(
+        settings,
+        identity,
+        application_name=f"{application_name}-queue",
+        max_connections=4 + 2 * settings.worker_concurrency,
+    )
+    _quiet_foreign_jobs()
+
+    async def startup(ctx: Any) -> None:
         ctx["settings"] = settings
         ctx["db"] = db
         ctx["store"] = PgResultStore(db.sessionmaker)
+        ctx["installation"] = identity.installation
+        ctx["foreign_logged"] = collections.OrderedDict()  # of other installations' jobs, each logged once
+        log.info("worker of installation %s on queue %s", identity.installation, identity.name)
 
     async def shutdown(ctx: Any) -> None:
         await db.dispose()
@@ -92,6 +128,8 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
         # must first get to give itself back (bounded by HAND_BACK_SECONDS) and SAQ to requeue its entry.
         # SAQ's default (1 s) cut the hand-back short, leaving the export to wait out its lease.
         cancellation_hard_deadline_s=HAND_BACK_SECONDS + 3,
+        # Shown by SAQ's worker info: which installation each worker of a queue serves.
+        metadata={"installation": str(identity.installation)},
     )
     # Signals are decided by run_worker: inside `space up` they belong to the API server.
     worker.SIGNALS = []
@@ -100,7 +138,7 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
 
 async def run_worker(settings: Settings, *, started: asyncio.Event | None = None) -> None:
     """Run a worker until cancelled, or until SIGINT/SIGTERM when it is the process's only job; set `started` once it is up."""
-    worker = build_worker(settings)
+    worker = await build_worker(settings)
     if started is not None:
         # SAQ runs its start-up hooks once the queue is connected, right before it takes jobs.
         async def mark_started(ctx: Any) -> None:

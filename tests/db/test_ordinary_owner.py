@@ -19,7 +19,7 @@ from space.config import Settings, load_settings
 from space.db import Database, Tenant, UnitOfWork, queue_conninfo
 from space.db.migrate import scripts
 from space.exports.maintenance import cleanup, reconcile
-from space.exports.queue import make_queue
+from space.exports.queue import open_queue
 from space.exports.storage import PgResultStore, ResultKey
 from space.orgs.jobs import due_org_ids, purge_due
 from tests.exports.fixtures import add_tickets, chunk_count, create_export, job_row, runner, tuned, uid
@@ -120,7 +120,7 @@ async def test_cleanup_reconciler_and_purge_find_rows_of_every_org(ordinary_url:
             assert (await job_row(db, org.id, expired[org.id])).purged_at is not None
             assert await chunk_count(db, org.id, expired[org.id]) == 0
             assert await chunk_count(db, org.id, orphans[org.id][0]) == 1  # the published chunk stays
-        queue = make_queue(settings, application_name="space-tests-ordinary-queue")
+        queue = await open_queue(settings, db, application_name="space-tests-ordinary-queue")
         await queue.connect()
         try:
             assert await reconcile(settings, db, queue) == {"requeued": 2, "failed": 0}

@@ -17,6 +17,7 @@ from litestar.testing import AsyncTestClient
 from space.app import create_app
 from space.config import Settings
 from space.db import Database
+from space.exports.queue import queue_identity
 from space.worker import run_worker
 from tests.exports.fixtures import (
     add_project,
@@ -140,9 +141,10 @@ async def test_export_through_the_optional_redis_queue(api: Api, db: Database, s
             assert done["state"] == "completed", done
             records = parse_csv((await download(rapi, org, org.member, export["id"])).content, ",")
             assert [rec[1] for rec in records[1:]] == ["via redis"]
-        # The job really travelled through Redis (not the PostgreSQL queue).
+        # The job really travelled through Redis (not the PostgreSQL queue), on the installation's queue.
+        name = (await queue_identity(on_redis, db)).name
         client = redis.from_url(REDIS_URL)
-        assert await client.exists(f"saq:job:space:{export['id']}")
+        assert await client.exists(f"saq:job:{name}:{export['id']}")
         await client.aclose()
     finally:
         worker.cancel()

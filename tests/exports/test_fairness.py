@@ -23,7 +23,7 @@ from space.db.locks import ORG_CLAIMS
 from space.exports.jobs import wake_after_export_job
 from space.exports.lease import Lease
 from space.exports.pipeline import run_export
-from space.exports.queue import enqueue_export, make_queue
+from space.exports.queue import enqueue_export, open_queue
 from space.worker import run_worker
 from tests.exports.fixtures import (
     WAIT,
@@ -118,7 +118,7 @@ async def test_creation_queues_only_what_the_org_may_run_and_an_ending_export_wa
 ) -> None:
     org = await api.org()
     first, second, third = [await create_export(api, org, u, CSV) for u in (org.member, org.admin, org.owner)]
-    queue = make_queue(settings, application_name="space-test-wake")
+    queue = await open_queue(settings, db, application_name="space-test-wake")
     await queue.connect()
     try:
         # The first is on the queue; the others wait in the ledger behind it, so they can't sit on the queue
@@ -152,7 +152,7 @@ async def test_a_refused_claim_wakes_its_org_once_its_queue_entry_has_finished(
     org = await api.org()
     running, waiting = [await create_export(api, org, u, CSV) for u in (org.member, org.admin)]
     oid = uid(org.id)
-    queue = make_queue(settings, application_name="space-test-wake")
+    queue = await open_queue(settings, db, application_name="space-test-wake")
     await queue.connect()
     try:
         lease = await Lease.claim(db, settings, uid(running["id"]), oid)

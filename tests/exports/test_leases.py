@@ -22,7 +22,7 @@ from space.exports.jobs import run_export_job
 from space.exports.lease import Built, Lease
 from space.exports.maintenance import cleanup, reconcile
 from space.exports.pipeline import publish, run_export
-from space.exports.queue import RUN_EXPORT, export_job, make_queue
+from space.exports.queue import RUN_EXPORT, export_job, open_queue
 from space.exports.storage import PgResultStore, ResultKey
 from tests.exports.fixtures import (
     WAIT,
@@ -263,7 +263,7 @@ async def test_reconciler_requeues_lost_and_expired_jobs(
     stalled = await create_export(api, org, org.admin, {"kind": "snapshot"})
     exhausted = await create_export(api, org, org.member, {"kind": "snapshot"})
     oid = uid(org.id)
-    queue = make_queue(settings, application_name="space-test-reconciler")
+    queue = await open_queue(settings, db, application_name="space-test-reconciler")
     await queue.connect()
     try:
         assert await queue.job(lost["id"]) is not None  # enqueued after the create committed

@@ -20,7 +20,7 @@ from sqlalchemy import text
 from space.app import create_app
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
-from space.exports.queue import make_queue
+from space.exports.queue import open_queue
 from space.orgs.jobs import purge_due
 from space.webhooks import service
 from space.webhooks.delivery import deliver
@@ -379,7 +379,7 @@ async def test_the_sweeper_sends_a_delivery_whose_enqueue_was_lost(
         async with UnitOfWork(db.sessionmaker, Tenant(org_id=oid)) as uow:
             data = EventData(org_id=oid, export_id=uuid.uuid4(), state="failed", error_code="worker_lost")
             assert await service.emit(uow, None, EventType.export_failed, data) == 1
-        queue = make_queue(private_ok, application_name="space-tests-sweeper")
+        queue = await open_queue(private_ok, db, application_name="space-tests-sweeper")
         await queue.connect()
         try:
             ctx = {"db": db, "worker": SimpleNamespace(queue=queue)}
