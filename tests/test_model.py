@@ -82,6 +82,8 @@ class ExportModel:
     expected: frozenset[str] | None = None
     expired: bool = False
     deleted: bool = False
+    revoked: bool = False
+    """An owner or admin took its result away (SPEC §12): its owner's download answers 410 export_revoked."""
 
 
 @dataclass
@@ -208,7 +210,16 @@ class SpaceModel(RuleBasedStateMachine):
         if refusal:
             return self.expect(r, *refusal)
         self.expect(r, 200)
+        if self.roles[who] != role:
+            self.cancel_unholdable(who, role)
         self.roles[who] = role
+
+    def cancel_unholdable(self, who: str, role: str | None) -> None:
+        """SPEC §12: a role change or removal cancels the member's queued exports the new role can't hold."""
+        for export in self.exports.values():
+            held = role is not None and (export.scope == "own" or role in STAFF)
+            if export.creator == who and export.state == "queued" and not held:
+                export.state, export.error = "cancelled", "access_revoked"
 
     def maybe_revoke(self, data: st.DataObject, export: ExportModel) -> None:
         """Sometimes the owner first demotes to customer, or removes, the staff member who owns a team export."""
@@ -219,9 +230,11 @@ class SpaceModel(RuleBasedStateMachine):
             case "demote":
                 r = self.call("PATCH", f"/members/{self.users[who].id}", "owner", json={"role": "customer"})
                 self.expect(r, 200)
+                self.cancel_unholdable(who, "customer")
                 self.roles[who] = "customer"
             case "remove":
                 self.expect(self.call("DELETE", f"/members/{self.users[who].id}", "owner"), 204)
+                self.cancel_unholdable(who, None)
                 del self.roles[who]
 
     def remove_member(self, data: st.DataObject) -> None:
@@ -232,6 +245,7 @@ class SpaceModel(RuleBasedStateMachine):
         if refusal:
             return self.expect(r, *refusal)
         self.expect(r, 204)
+        self.cancel_unholdable(who, None)
         del self.roles[who]
 
     def open_ticket(self, data: st.DataObject) -> None:
@@ -326,7 +340,9 @@ class SpaceModel(RuleBasedStateMachine):
         self.maybe_revoke(data, export)
         outcome = self.run(run_export(runner(self.world.settings, self.world.db), uid(export.id), uid(self.org_id)))
         role = self.roles.get(export.creator)
-        if self.state == "deleting":
+        if export.state == "cancelled":
+            expected = "not_claimed"  # cancelled by the role change or removal just made
+        elif self.state == "deleting":
             expected = "org_deleting"
         elif role is None or (export.scope == "team" and role not in STAFF):
             expected = "access_revoked"
@@ -336,7 +352,7 @@ class SpaceModel(RuleBasedStateMachine):
         assert outcome == expected, (outcome, expected, export, role, self.state)
         if outcome == "completed":
             export.state, export.expected = "completed", frozenset(self.visible_rows(export))
-        else:
+        elif outcome != "not_claimed":
             export.state, export.error = "failed", outcome
 
     def cancel_or_delete_export(self, data: st.DataObject) -> None:
@@ -344,6 +360,14 @@ class SpaceModel(RuleBasedStateMachine):
         export = self.exports[data.draw(st.sampled_from([e for e, m in self.exports.items() if not m.deleted]))]
         who = data.draw(st.one_of(st.just(export.creator), st.sampled_from(sorted(self.users))))
         r = self.call("DELETE", f"/exports/{export.id}", who)
+        if who != export.creator and self.roles.get(who) in ("owner", "admin"):
+            # An owner or admin stops another member's export, or takes its result away (SPEC §12).
+            self.expect(r, 204)
+            if export.state in ("queued", "running"):
+                export.state, export.error = "cancelled", "cancelled_by_admin"
+            elif export.state == "completed":
+                export.revoked = True
+            return None
         # Status, list and delete are for current members; anyone else's export is unknown to them.
         if who != export.creator or who not in self.roles:
             return self.expect(r, 404, "not_found")
@@ -378,6 +402,8 @@ class SpaceModel(RuleBasedStateMachine):
             return 409, "export_not_ready"
         if export.state in ("failed", "cancelled"):
             return 409, "export_failed"
+        if export.revoked:
+            return 410, "export_revoked"
         if export.expired:
             return 410, "export_expired"
         return None
