@@ -18,6 +18,7 @@ from space.errors import EXCEPTION_HANDLERS
 from space.exports.downloads import DownloadSlots
 from space.exports.queue import make_queue
 from space.exports.routes import ExportController
+from space.exports.storage import open_result_store
 from space.orgs.routes import router as orgs_router
 from space.projects.routes import router as projects_router
 from space.system import health, me
@@ -62,7 +63,9 @@ def create_app(settings: Settings) -> Litestar:
             async with db.engine.connect() as conn:
                 await check_app_role(conn)
             await queue.connect()
-            yield
+            async with open_result_store(settings, db) as store:
+                app.state.store = store
+                yield
         finally:
             try:
                 await queue.disconnect()

@@ -12,6 +12,11 @@ import msgspec
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+# `postgres`, or `s3://` and a valid bucket name (3-63 lowercase letters, digits, dots, hyphens), then an optional
+# `/prefix` of path segments.
+ResultStoreUrl = Annotated[
+    str, msgspec.Meta(pattern=r"^(postgres|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9!_.*'()-]+)*/?)$")
+]
 
 
 class SettingsError(Exception):
@@ -58,6 +63,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """statement_timeout of the API's database connections, in milliseconds."""
     download_concurrency: PositiveInt = 64
     """Downloads one API process streams at once; beyond it, 503 busy."""
+    result_store: ResultStoreUrl = "postgres"
+    """Where results live: `postgres` (chunks in the database) or `s3://bucket/prefix` (SPEC §15)."""
+    result_redirect: bool = True
+    """With S3: a download answers 303 to a presigned GET (valid 60 s); 0 streams it through the API."""
 
 
 # Environment variable -> Settings field. Only these are read; everything else in the environment is ignored.
@@ -86,6 +95,8 @@ ENV_VARS: dict[str, str] = {
     "SPACE_EXPORT_ORG_CONCURRENCY": "export_org_concurrency",
     "SPACE_API_STATEMENT_TIMEOUT_MS": "api_statement_timeout_ms",
     "SPACE_DOWNLOAD_CONCURRENCY": "download_concurrency",
+    "SPACE_RESULT_STORE": "result_store",
+    "SPACE_RESULT_REDIRECT": "result_redirect",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"

@@ -23,7 +23,7 @@ from space.db import Database, app_url, check_app_role
 from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_export_job, wake_after_export_job
 from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT, make_queue
-from space.exports.storage import PgResultStore
+from space.exports.storage import open_result_store
 from space.orgs.jobs import purge_due_job
 
 log = logging.getLogger("space.worker")
@@ -53,6 +53,7 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
         settings, application_name=f"{application_name}-queue", max_connections=4 + 2 * settings.worker_concurrency
     )
     db = Database(app_url(settings.database_url, settings.app_database_url), application_name=application_name)
+    exits = contextlib.AsyncExitStack()
 
     async def startup(ctx: Any) -> None:
         # Before any job: a role that could see past RLS stops the worker (AppRoleError, out of Worker.start).
@@ -60,10 +61,13 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
             await check_app_role(conn)
         ctx["settings"] = settings
         ctx["db"] = db
-        ctx["store"] = PgResultStore(db.sessionmaker)
+        ctx["store"] = await exits.enter_async_context(open_result_store(settings, db))
 
     async def shutdown(ctx: Any) -> None:
-        await db.dispose()
+        try:
+            await exits.aclose()
+        finally:
+            await db.dispose()
 
     functions: Any = [(RUN_EXPORT, run_export_job)]
     cadence = cadence_seconds(settings)

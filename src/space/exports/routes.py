@@ -12,13 +12,14 @@ from litestar import Controller, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, JSONBody
+from litestar.response import Redirect
 from saq import Queue
 
 from space.config import Settings
 from space.exports import service
 from space.exports.downloads import DownloadSlots, DownloadStream
 from space.exports.schemas import Export, ExportCreate
-from space.exports.storage import PgResultStore, ResultStore
+from space.exports.storage import ResultStore
 from space.orgs.deps import MEMBER, MemberContext, parse_id
 from space.schemas import Items
 
@@ -30,8 +31,9 @@ def provide_queue(state: State) -> Queue:
 
 
 def provide_store(state: State) -> ResultStore:
-    """The result store on the app's database."""
-    return PgResultStore(state.db.sessionmaker)
+    """The app's result store (SPACE_RESULT_STORE), opened in its lifespan."""
+    store: ResultStore = state.store
+    return store
 
 
 def provide_download_slots(state: State) -> DownloadSlots:
@@ -96,11 +98,14 @@ class ExportController(Controller):
         export_id: FromPath[str],
         store: NamedDependency[ResultStore],
         slots: NamedDependency[DownloadSlots],
-    ) -> DownloadStream:
-        """Download the result, authorized again now (SPEC §6), streamed from storage in a download slot."""
+    ) -> DownloadStream | Redirect:
+        """Download the result, authorized again now (SPEC §6), streamed from storage in a download slot, or (S3
+        store) a 303 to a presigned GET of it (SPEC §15)."""
         download = await service.open_result(
             ctx.uow.session, ctx.org, ctx.principal.user_id, ctx.membership, parse_id(export_id), store
         )
+        if (url := await download.redirect_url()) is not None:
+            return Redirect(url, status_code=303, headers=service.REDIRECT_HEADERS)
         headers: dict[str, Any] = {
             "Content-Disposition": f'attachment; filename="{download.filename}"',
             "Cache-Control": "private, no-store",
