@@ -256,7 +256,7 @@ def parse_csv(body: bytes, delimiter: str = ",") -> list[list[str]]:
 
 async def download(api: Api, org: Org, user: TestUser, export_id: str) -> Response:
     """GET the result (following an object store's 303 to its presigned URL)."""
-    return await follow(await api.call("GET", org.path(f"/exports/{export_id}/result"), user))
+    return await follow(await api.call("GET", org.path(f"/exports/{export_id}/result"), user, follow_redirects=False))
 
 
 @dataclass

@@ -161,4 +161,6 @@ async def follow(r: Response) -> Response:
 
 async def download_via(api: Api, org: Org, user: TestUser, export_id: str, **kw: Any) -> Response:
     """GET the result through the API, and through the redirect when there is one."""
-    return await follow(await api.call("GET", org.path(f"/exports/{export_id}/result"), user, **kw))
+    return await follow(
+        await api.call("GET", org.path(f"/exports/{export_id}/result"), user, follow_redirects=False, **kw)
+    )

@@ -315,7 +315,8 @@ class S3ResultStore:
 
 def _new_client() -> contextlib.AbstractAsyncContextManager[S3Client]:
     # Standard retries; a pool large enough for many downloads streaming through the API at once.
-    config = AioConfig(retries={"mode": "standard"}, max_pool_connections=64)
+    # SigV4 for presigned URLs too (botocore may otherwise presign with the legacy SigV2 that newer regions refuse).
+    config = AioConfig(retries={"mode": "standard"}, max_pool_connections=64, signature_version="s3v4")
     return get_session().create_client("s3", config=config)
 
 

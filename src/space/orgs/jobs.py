@@ -65,7 +65,7 @@ class _NotDue(Exception):
 
 async def purge_due_job(ctx: dict[str, Any]) -> dict[str, Any]:
     """SAQ cron entry: purge every organization whose grace period is over."""
-    results = await purge_due(ctx["settings"], ctx["db"], store=ctx["store"])
+    results = await purge_due(ctx["settings"], ctx["db"], store=ctx.get("store"))
     return {"purged": [{"orgId": str(r.org_id), "counts": r.counts} for r in results]}
 
 
