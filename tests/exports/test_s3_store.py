@@ -197,9 +197,7 @@ async def test_the_redirect_is_only_given_after_authorization(
     assert "location" not in r.headers
 
     # The owner of the export, demoted to customer (team scope): 403 at once, no redirect.
-    r = await s3api.call(
-        "PATCH", org.path(f"/members/{org.member.id}"), org.owner, json={"role": "customer"}
-    )
+    r = await s3api.call("PATCH", org.path(f"/members/{org.member.id}"), org.owner, json={"role": "customer"})
     assert r.status_code == 200, r.text
     r = await s3api.call("GET", path, org.member, follow_redirects=False)
     assert_problem(r, 403, "access_revoked")
