@@ -286,7 +286,8 @@ async def test_a_sigkilled_worker_leaves_no_object_and_the_cleanup_aborts_its_up
         async def uploading() -> list[dict[str, Any]] | None:
             return s3_server.uploads(prefix) or None
 
-        uploads = await wait_for(uploading, "the worker's multipart upload")
+        # The worker process starts, checks the bucket, and may first take the queue entries of earlier tests.
+        uploads = await wait_for(uploading, "the worker's multipart upload", within=90)
         proc.kill()
         await proc.wait()
     finally:

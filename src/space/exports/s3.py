@@ -19,7 +19,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
@@ -107,9 +107,15 @@ class _S3Sink:
             started = await self._client.create_multipart_upload(Bucket=self._bucket, Key=self._key)
             self._upload_id = started["UploadId"]
         number = len(self._parts) + 1
-        body, self._buffer = bytes(self._buffer), bytearray()
+        # The buffer itself is the body (botocore takes a bytearray): a fresh one fills meanwhile, no copy.
+        body, self._buffer = self._buffer, bytearray()
         part = await self._client.upload_part(
-            Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=number, Body=body
+            # botocore validates a blob as bytes, bytearray or a file; its type stubs say only bytes.
+            Bucket=self._bucket,
+            Key=self._key,
+            UploadId=self._upload_id,
+            PartNumber=number,
+            Body=cast(bytes, body),
         )
         self._parts.append({"PartNumber": number, "ETag": part["ETag"]})
 
@@ -117,7 +123,6 @@ class _S3Sink:
         """Make the object visible: complete the upload, or PUT a result smaller than one part."""
         if self._done:
             return
-        self._done = True
         if self._upload_id is None:
             await self._client.put_object(Bucket=self._bucket, Key=self._key, Body=bytes(self._buffer))
         else:
@@ -126,6 +131,8 @@ class _S3Sink:
             await self._client.complete_multipart_upload(
                 Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": self._parts}
             )
+        # Only now: if completing failed, the failure path's abort still drops the upload.
+        self._done = True
         self._buffer = bytearray()
 
     async def abort(self) -> None:
@@ -316,7 +323,15 @@ class S3ResultStore:
 def _new_client() -> contextlib.AbstractAsyncContextManager[S3Client]:
     # Standard retries; a pool large enough for many downloads streaming through the API at once.
     # SigV4 for presigned URLs too (botocore may otherwise presign with the legacy SigV2 that newer regions refuse).
-    config = AioConfig(retries={"mode": "standard"}, max_pool_connections=64, signature_version="s3v4")
+    # Checksums only where S3 requires them: every part would otherwise be read once more for a CRC32 (and,
+    # over plain HTTP, wrapped in aws-chunked encoding); SigV4 already hashes each request's payload.
+    config = AioConfig(
+        retries={"mode": "standard"},
+        max_pool_connections=64,
+        signature_version="s3v4",
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
     return get_session().create_client("s3", config=config)
 
 
