@@ -263,6 +263,9 @@ async def test_a_sigkilled_worker_leaves_no_object_and_the_cleanup_aborts_its_up
 ) -> None:
     org = await s3api.org()
     seed_tickets(owner, org, 60_000)
+    export = await create_export(s3api, org, org.member, {"kind": "tickets_csv"})
+    # Only this export on the queue: earlier tests leave entries that no worker took.
+    owner.execute("DELETE FROM saq.saq_jobs WHERE status = 'queued' AND key <> %s", (export["id"],))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
     env.update(
         DATABASE_URL=owner_url,
@@ -281,12 +284,11 @@ async def test_a_sigkilled_worker_leaves_no_object_and_the_cleanup_aborts_its_up
     )
     prefix = org_prefix(s3set, org)
     try:
-        export = await create_export(s3api, org, org.member, {"kind": "tickets_csv"})
 
         async def uploading() -> list[dict[str, Any]] | None:
             return s3_server.uploads(prefix) or None
 
-        # The worker process starts, checks the bucket, and may first take the queue entries of earlier tests.
+        # The worker process starts and checks the bucket first.
         uploads = await wait_for(uploading, "the worker's multipart upload", within=90)
         proc.kill()
         await proc.wait()
