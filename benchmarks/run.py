@@ -26,7 +26,12 @@ Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a
    status route is polled back to back; its latencies show whether the export blocks the event loop;
 7. workers_scaling (`benchmarks.scaling`): 8 orgs of 500,000 tickets, one CSV export each asked at once, with
    one `space worker` process and then two (concurrency 1 each): total time, its ratio, and the database's
-   share of the CPU.
+   share of the CPU;
+8. the S3 result store (SPEC §15): moto's standalone server on a free port, then the 1M CSV and snapshot cases
+   again with SPACE_RESULT_STORE=s3://..., each beside its COPY in the same run; the download follows the 303 to
+   the presigned GET (download_seconds covers both requests). Lines `case=s3_...`, also in results/s3.json.
+
+`--phases` picks some of them (`cases,links,fairness,downloads,up,scaling,s3`; default: all).
 
 Prints one line per case (and the fairness line) on stdout and writes them to benchmarks/results/latest.json
 (fairness: results/fairness.json; the download cases: results/downloads.json); progress and the status-route latencies go to stderr (and
@@ -75,6 +80,7 @@ BACKLOG = 20
 """Queued exports of one org in the fairness phase."""
 SMALL_TICKETS = 1_000
 """Tickets of the small org whose export the fairness phase times."""
+PHASES = ("cases", "links", "fairness", "downloads", "up", "scaling", "s3")
 
 
 @dataclass
@@ -277,11 +283,63 @@ async def download(client: httpx.AsyncClient, org: Org, role: str, export_id: st
     started = time.perf_counter()
     with out.open("wb") as f:
         async with client.stream("GET", f"/orgs/{org.id}/exports/{export_id}/result", headers=auth) as resp:
+            if resp.status_code == 303:
+                # The S3 store: the bytes come from the presigned URL, fetched as a browser would (no token).
+                async with (
+                    httpx.AsyncClient(timeout=TIMEOUT) as store,
+                    store.stream("GET", resp.headers["location"]) as got,
+                ):
+                    got.raise_for_status()
+                    async for chunk in got.aiter_raw():
+                        size += len(chunk)
+                        f.write(chunk)
+                return time.perf_counter() - started, size
             resp.raise_for_status()
             async for chunk in resp.aiter_raw():
                 size += len(chunk)
                 f.write(chunk)
     return time.perf_counter() - started, size
+
+
+S3_BUCKET = "space-bench"
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """moto's standalone S3 server on a free port, with the AWS variables pointing at it; yields the endpoint."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    saved = {
+        k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
+    }
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # it says so once it listens
+            if "Running on" in line:
+                break
+        else:
+            raise RuntimeError("moto's server exited before listening")
+        endpoint = f"http://127.0.0.1:{port}"
+        os.environ.update(
+            AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1"
+        )
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket=S3_BUCKET)
+        yield endpoint
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proc.terminate()
+        proc.wait(10)
 
 
 COPY_QUERIES = {
@@ -319,12 +377,12 @@ def copy_rows(url: str, kind: str, org_id: str, out: Path) -> tuple[float, int]:
 
 
 async def separate_processes(
-    url: str, orgs: dict[str, Org], plan: list[tuple[str, str, str]], tmp: Path
+    url: str, orgs: dict[str, Org], plan: list[tuple[str, str, str]], tmp: Path, **settings: str
 ) -> tuple[list[Case], list[str]]:
-    """Each case through `space api` + `space worker`, beside its COPY."""
+    """Each case through `space api` + `space worker` (with these extra settings), beside its COPY."""
     port = free_port()
-    api = spawn("api", url, port)
-    worker = spawn("worker", url, port, SPACE_EXPORT_ROW_LIMIT=str(ARCHIVE_ROW_LIMIT))
+    api = spawn("api", url, port, **settings)
+    worker = spawn("worker", url, port, **{"SPACE_EXPORT_ROW_LIMIT": str(ARCHIVE_ROW_LIMIT), **settings})
     cases: list[Case] = []
     export_ids: list[str] = []
     try:
@@ -769,8 +827,13 @@ async def run_scaling_only(orgs: int, tickets: int) -> dict[str, Any]:
 
 
 async def run(
-    tickets: int, small_tickets: int, tasks: int, scaling_orgs: int, scaling_tickets: int
-) -> tuple[list[Case], dict[str, Any], dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    tickets: int,
+    small_tickets: int,
+    tasks: int,
+    scaling_orgs: int,
+    scaling_tickets: int,
+    phases: set[str] | None = None,
+) -> tuple[list[Case], dict[str, Any], dict[str, Any], list[dict[str, Any]], dict[str, Any], list[Case]]:
     """Every case, in one run against a fresh database."""
     with server() as admin, fresh_database(admin) as url, tempfile.TemporaryDirectory() as tmp:
         _version(url)
@@ -792,17 +855,37 @@ async def run(
             (f"snapshot_{_size(tasks)}", "Bench1M", "snapshot"),
             (f"archive_{_size(tickets)}", "Bench1M", "archive"),
         ]
-        cases, cases_export_ids = await separate_processes(url, orgs, plan, Path(tmp))
-        log(f"link downloads: {plan[1][0]} whole by bearer and by link, and as {RANGES} ranges ...")
-        links = await link_downloads(url, orgs["Bench1M"], cases_export_ids[1], Path(tmp))
-        log(f"fairness: {BACKLOG} exports queued in Bench100k, then one in BenchSmall ...")
-        fair = await fairness(url, orgs["Bench100k"], orgs["BenchSmall"])
-        many = await downloads(url, orgs["Bench1M"])
-        log("space up: the tickets export in the HTTP process, status polled back to back ...")
-        latency = await in_process(url, orgs["Bench1M"], cases_export_ids[-1])
-        log(" ".join(f"{k}={v}" for k, v in latency.items()))
-        scaled = await scaling(url, scaling_orgs, scaling_tickets)
-    return cases, fair, latency, [*many, links], scaled
+        phases = phases or set(PHASES)
+        cases: list[Case] = []
+        fair: dict[str, Any] = {}
+        latency: dict[str, Any] = {}
+        many: list[dict[str, Any]] = []
+        scaled: dict[str, Any] = {}
+        s3: list[Case] = []
+        if phases & {"cases", "links", "up"}:
+            cases, cases_export_ids = await separate_processes(url, orgs, plan, Path(tmp))
+        if "links" in phases:
+            log(f"link downloads: {plan[1][0]} whole by bearer and by link, and as {RANGES} ranges ...")
+            many.append(await link_downloads(url, orgs["Bench1M"], cases_export_ids[1], Path(tmp)))
+        if "fairness" in phases:
+            log(f"fairness: {BACKLOG} exports queued in Bench100k, then one in BenchSmall ...")
+            fair = await fairness(url, orgs["Bench100k"], orgs["BenchSmall"])
+        if "downloads" in phases:
+            many = [*await downloads(url, orgs["Bench1M"]), *many]
+        if "up" in phases:
+            log("space up: the tickets export in the HTTP process, status polled back to back ...")
+            latency = await in_process(url, orgs["Bench1M"], cases_export_ids[-1])
+            log(" ".join(f"{k}={v}" for k, v in latency.items()))
+        if "scaling" in phases:
+            scaled = await scaling(url, scaling_orgs, scaling_tickets)
+        if "s3" in phases:
+            log("S3 result store: moto's server, the 1M cases again ...")
+            with moto_server():
+                s3_plan = [(f"s3_{name}", org_name, kind) for name, org_name, kind in plan[1:3]]
+                s3, _ = await separate_processes(
+                    url, orgs, s3_plan, Path(tmp), SPACE_RESULT_STORE=f"s3://{S3_BUCKET}/results"
+                )
+    return cases, fair, latency, many, scaled, s3
 
 
 async def run_links(tickets: int) -> dict[str, Any]:
@@ -837,7 +920,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scaling-tickets", type=int, default=500_000, help="tickets per workers_scaling org (500000)")
     parser.add_argument("--only", choices=["workers_scaling"], help="run only this case")
     parser.add_argument("--links-only", action="store_true", help="only the link-download case (results/links.json)")
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"some of {','.join(PHASES)} (all)")
     args = parser.parse_args(argv)
+    phases = set(args.phases.split(","))
+    if phases - set(PHASES):
+        parser.error(f"unknown phase(s): {', '.join(sorted(phases - set(PHASES)))}")
     RESULTS.mkdir(exist_ok=True)
     if args.links_only:
         links = asyncio.run(run_links(args.tickets))
@@ -849,20 +936,32 @@ def main(argv: list[str] | None = None) -> None:
         print(" ".join(f"{k}={_fmt(v)}" for k, v in scaled.items()))
         (RESULTS / "workers_scaling.json").write_text(json.dumps(scaled, indent=2) + "\n")
         return
-    cases, fair, latency, many, scaled = asyncio.run(
-        run(args.tickets, args.small_tickets, args.tasks, args.scaling_orgs, args.scaling_tickets)
+    cases, fair, latency, many, scaled, s3 = asyncio.run(
+        run(args.tickets, args.small_tickets, args.tasks, args.scaling_orgs, args.scaling_tickets, phases)
     )
     for case in cases:
         print(case.line())
-    print(" ".join(f"{k}={_fmt(v)}" for k, v in fair.items()))
+    if fair:
+        print(" ".join(f"{k}={_fmt(v)}" for k, v in fair.items()))
     for line in many:
         print(" ".join(f"{k}={_fmt(v)}" for k, v in line.items()))
-    print(" ".join(f"{k}={_fmt(v)}" for k, v in scaled.items()))
-    (RESULTS / "workers_scaling.json").write_text(json.dumps(scaled, indent=2) + "\n")
-    (RESULTS / "fairness.json").write_text(json.dumps(fair, indent=2) + "\n")
-    (RESULTS / "latest.json").write_text(json.dumps([asdict(c) for c in cases], indent=2) + "\n")
-    (RESULTS / "downloads.json").write_text(json.dumps(many, indent=2) + "\n")
-    (RESULTS / "status_latency.json").write_text(json.dumps(latency, indent=2) + "\n")
+    if scaled:
+        print(" ".join(f"{k}={_fmt(v)}" for k, v in scaled.items()))
+    for case in s3:
+        print(case.line())
+    # Only what this run measured is written: a run of some phases leaves the others' files as they were.
+    if "cases" in phases:
+        (RESULTS / "latest.json").write_text(json.dumps([asdict(c) for c in cases], indent=2) + "\n")
+    if fair:
+        (RESULTS / "fairness.json").write_text(json.dumps(fair, indent=2) + "\n")
+    if many:
+        (RESULTS / "downloads.json").write_text(json.dumps(many, indent=2) + "\n")
+    if latency:
+        (RESULTS / "status_latency.json").write_text(json.dumps(latency, indent=2) + "\n")
+    if scaled:
+        (RESULTS / "workers_scaling.json").write_text(json.dumps(scaled, indent=2) + "\n")
+    if s3:
+        (RESULTS / "s3.json").write_text(json.dumps([asdict(c) for c in s3], indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from space.app import create_app
 from space.config import Settings, load_settings
 from space.db import Database
 from space.embedded import embedded_server
+from tests.exports.s3_fixtures import s3_server  # noqa: F401 (the session's S3 server, for every test that asks)
 from tests.helpers import Api, UserFactory, app_database, fresh_database
 
 

@@ -20,6 +20,7 @@ from space.exports.downloads import DownloadSlots
 from space.exports.links import load_signer
 from space.exports.queue import make_queue, queue_identity
 from space.exports.routes import ExportController, manifest_schema_route, snapshot_schema_route
+from space.exports.storage import open_result_store
 from space.orgs.routes import router as orgs_router
 from space.projects.routes import router as projects_router
 from space.system import health, me
@@ -72,7 +73,9 @@ def create_app(settings: Settings) -> Litestar:
             )
             app.state.queue = queue
             await queue.connect()
-            yield
+            async with open_result_store(settings, db) as store:
+                app.state.store = store
+                yield
         finally:
             try:
                 if queue is not None:

@@ -188,6 +188,22 @@ async def ready_to_serve(settings: Settings) -> None:
     state = await _queue_state(queue_target(settings))
     if not state.usable:
         raise OperatorError(f"{state.problem()}: run `space migrate` (as the owner)")
+    problem = await _result_store_problem(settings)
+    if problem:
+        raise OperatorError(problem)
+
+
+async def _result_store_problem(settings: Settings) -> str | None:
+    """Why the result store can't be used (None: it can, or it is the database, checked above)."""
+    if not settings.result_store.startswith("s3://"):
+        return None
+    from space.exports.s3 import S3Location, StoreUnavailable, check_bucket
+
+    try:
+        await check_bucket(S3Location.parse(settings.result_store))
+    except StoreUnavailable as exc:
+        return f"SPACE_RESULT_STORE: {exc} (check AWS_ENDPOINT_URL, AWS_REGION and the credentials)"
+    return None
 
 
 async def _schema_present(conn: AsyncConnection) -> bool:
@@ -501,6 +517,21 @@ async def clock(p: Probe) -> Result:
     return ok(detail)
 
 
+async def result_store(p: Probe) -> Result | None:
+    """With S3 results (SPACE_RESULT_STORE=s3://...): the bucket answers and takes a write."""
+    if not p.settings.result_store.startswith("s3://"):
+        return None
+    from space.exports.s3 import S3Location, StoreUnavailable, check_bucket
+
+    try:
+        return ok(await check_bucket(S3Location.parse(p.settings.result_store)))
+    except StoreUnavailable as exc:
+        return fail(
+            str(exc),
+            "check the bucket, AWS_ENDPOINT_URL, AWS_REGION and credentials that may put and delete objects in it",
+        )
+
+
 Check = Callable[[Probe], Awaitable[Result | None]]
 
 # In the order they print. Extension point: the signing key (SPACE_SECRET_KEY) and the result store
@@ -516,6 +547,7 @@ CHECKS: list[tuple[str, Check]] = [
     ("maintenance functions", maintenance_functions),
     ("queue", queue),
     ("clock", clock),
+    ("result store", result_store),
 ]
 
 

@@ -18,6 +18,11 @@ SecretKeys = Annotated[str, msgspec.Meta(pattern=r"^[^,]{32,}(,[^,]{32,})*$")]
 # Letters, digits and . _ - only: the name becomes part of Redis keys and of a PostgreSQL NOTIFY channel
 # (`saq:<name>`, an identifier of at most 63 bytes: longer names would be cut short and could meet).
 QueueName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,59}$")]
+# `postgres`, or `s3://` and a valid bucket name (3-63 lowercase letters, digits, dots, hyphens), then an optional
+# `/prefix` of path segments.
+ResultStoreUrl = Annotated[
+    str, msgspec.Meta(pattern=r"^(postgres|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9!_.*'()-]+)*/?)$")
+]
 
 
 class SettingsError(Exception):
@@ -75,6 +80,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Delay before a webhook's second attempt, in seconds; each later attempt waits 4 times longer."""
     queue_name: QueueName | None = None
     """SAQ queue name (Redis key prefix, PostgreSQL queue column); None: `space-<installation id>`."""
+    result_store: ResultStoreUrl = "postgres"
+    """Where results live: `postgres` (chunks in the database) or `s3://bucket/prefix` (SPEC §15)."""
+    result_redirect: bool = True
+    """With S3: a download answers 303 to a presigned GET (valid 60 s); 0 streams it through the API."""
     trusted_proxies: str = ""
     """Comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client (audit `ip`)."""
 
@@ -115,6 +124,8 @@ ENV_VARS: dict[str, str] = {
     "SPACE_WEBHOOK_ALLOW_PRIVATE": "webhook_allow_private",
     "SPACE_WEBHOOK_RETRY_SECONDS": "webhook_retry_seconds",
     "SPACE_QUEUE_NAME": "queue_name",
+    "SPACE_RESULT_STORE": "result_store",
+    "SPACE_RESULT_REDIRECT": "result_redirect",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"

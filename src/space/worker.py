@@ -30,7 +30,7 @@ from space.exports.jobs import (
 )
 from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT, make_queue, queue_identity
-from space.exports.storage import PgResultStore
+from space.exports.storage import open_result_store
 from space.orgs.jobs import purge_due_job
 from space.webhooks.jobs import deliver_webhook_job, sweep_webhooks_job
 from space.webhooks.queue import DELIVER_WEBHOOK
@@ -91,17 +91,21 @@ async def build_worker(settings: Settings, *, application_name: str = "space-wor
         max_connections=4 + 2 * settings.worker_concurrency,
     )
     _quiet_foreign_jobs()
+    exits = contextlib.AsyncExitStack()
 
     async def startup(ctx: Any) -> None:
         ctx["settings"] = settings
         ctx["db"] = db
-        ctx["store"] = PgResultStore(db.sessionmaker)
+        ctx["store"] = await exits.enter_async_context(open_result_store(settings, db))
         ctx["installation"] = identity.installation
         ctx["foreign_logged"] = collections.OrderedDict()  # of other installations' jobs, each logged once
         log.info("worker of installation %s on queue %s", identity.installation, identity.name)
 
     async def shutdown(ctx: Any) -> None:
-        await db.dispose()
+        try:
+            await exits.aclose()
+        finally:
+            await db.dispose()
 
     functions: Any = [(RUN_EXPORT, run_export_job), (DELIVER_WEBHOOK, deliver_webhook_job)]
     cadence = cadence_seconds(settings)

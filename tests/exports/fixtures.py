@@ -24,9 +24,9 @@ from space.db import Database, Tenant, UnitOfWork
 from space.exports.lease import Lease
 from space.exports.models import ExportChunk, ExportJob
 from space.exports.pipeline import ExportRunner, run_export
-from space.exports.storage import PgResultStore
 from space.projects.models import Project, Task
 from space.tickets.models import Ticket, TicketCounter
+from tests.exports.s3_fixtures import follow, store_for
 from tests.helpers import Api, Org, TestUser
 
 WAIT = 15.0
@@ -39,8 +39,8 @@ def tuned(settings: Settings, **overrides: Any) -> Settings:
 
 
 def runner(settings: Settings, db: Database) -> ExportRunner:
-    """A worker runner on the app-role database."""
-    return ExportRunner(settings, db, PgResultStore(db.sessionmaker))
+    """A worker runner on the app-role database, with the result store the settings name."""
+    return ExportRunner(settings, db, store_for(settings, db))
 
 
 def uid(value: str | uuid.UUID) -> uuid.UUID:
@@ -255,8 +255,8 @@ def parse_csv(body: bytes, delimiter: str = ",") -> list[list[str]]:
 
 
 async def download(api: Api, org: Org, user: TestUser, export_id: str) -> Response:
-    """GET the result."""
-    return await api.call("GET", org.path(f"/exports/{export_id}/result"), user)
+    """GET the result (following an object store's 303 to its presigned URL)."""
+    return await follow(await api.call("GET", org.path(f"/exports/{export_id}/result"), user, follow_redirects=False))
 
 
 @dataclass

@@ -72,7 +72,8 @@ async def reconcile(settings: Settings, db: Database, queue: Queue, limit: int =
 
 
 async def cleanup(db: Database, store: ResultStore, limit: int = 500) -> dict[str, int]:
-    """Delete results past expiresAt (the row stays, marked purged) and chunks of unpublished executions."""
+    """Delete results past expiresAt (the row stays, marked purged) and the store's bytes of unpublished
+    executions (chunks; with S3 objects, and unfinished uploads)."""
     async with UnitOfWork(db.sessionmaker) as uow:
         expired = await ledger.expired_results(uow.session, limit)
     purged = 0
@@ -82,9 +83,4 @@ async def cleanup(db: Database, store: ResultStore, limit: int = 500) -> dict[st
         if execution_id is not None:
             await store.delete(ResultKey(org_id, export_id, execution_id))
             purged += 1
-    async with UnitOfWork(db.sessionmaker) as uow:
-        orphans = await ledger.orphan_executions(uow.session, limit)
-    chunks = 0
-    for export_id, org_id, execution_id in orphans:
-        chunks += await store.delete(ResultKey(org_id, export_id, execution_id))
-    return {"purged": purged, "orphan_executions": len(orphans), "orphan_chunks": chunks}
+    return {"purged": purged, **await store.sweep(limit)}

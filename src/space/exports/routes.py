@@ -14,6 +14,7 @@ from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, JSONBody, QueryParameter
+from litestar.response import Redirect
 from saq import Queue
 
 from space.audit import service as audit
@@ -26,7 +27,7 @@ from space.exports.archive import manifest_schema, snapshot_schema
 from space.exports.downloads import DownloadSlots, no_referrer_for_links, respond
 from space.exports.links import LinkGrant, LinkSigner
 from space.exports.schemas import Export, ExportCreate, Link, OrgExport
-from space.exports.storage import PgResultStore, ResultStore
+from space.exports.storage import ResultStore
 from space.orgs.deps import MEMBER, MemberContext, parse_id
 from space.schemas import Items
 
@@ -38,8 +39,9 @@ def provide_queue(state: State) -> Queue:
 
 
 def provide_store(state: State) -> ResultStore:
-    """The result store on the app's database."""
-    return PgResultStore(state.db.sessionmaker)
+    """The app's result store (SPACE_RESULT_STORE), opened in its lifespan."""
+    store: ResultStore = state.store
+    return store
 
 
 def provide_download_slots(state: State) -> DownloadSlots:
@@ -270,4 +272,9 @@ class ExportController(Controller):
                 ip=ctx.ip,
             )
 
+        if (url := await download.redirect_url()) is not None:
+            # S3 (SPEC §15): the store serves the bytes, ranges included; the trail records the hand-over.
+            if request.method != "HEAD":
+                await record(None, download.byte_size)
+            return Redirect(url, status_code=303, headers=service.REDIRECT_HEADERS)
         return respond(download, request, slots, record)

@@ -47,7 +47,7 @@ from space.exports.schemas import (
     SnapshotRequest,
     TicketsCsvRequest,
 )
-from space.exports.storage import ResultKey, ResultMissing, ResultStore
+from space.exports.storage import Redirecting, ResultKey, ResultMissing, ResultStore
 from space.orgs import service as orgs
 from space.orgs.models import Membership, Organization, OrgState, Role
 
@@ -62,6 +62,8 @@ LIST_LIMIT = 200
 """The newest exports a list shows."""
 CANCELLED_BY_ADMIN = "cancelled_by_admin"
 ACCESS_REVOKED = "access_revoked"
+REDIRECT_HEADERS = {"Cache-Control": "private, no-store", "Referrer-Policy": "no-referrer"}
+"""A 303 to a presigned URL: neither it nor its Location may be kept by a cache or sent on as a Referer."""
 
 
 def export_out(job: ExportJob, *, can_download: bool) -> Export:
@@ -382,6 +384,16 @@ class Download:
         a time; a result that ends short of them aborts (ResultMissing)."""
         stop = self.byte_size if end is None else end
         return _checked(self.store.read(self.key, start, stop), stop - start)
+
+    async def redirect_url(self) -> str | None:
+        """A presigned GET of the bytes (valid at most 60 s) when the store hands results out itself, else None.
+
+        Call it only after authorizing (`open_result`): the URL is the result, to whoever holds it.
+        """
+        if not isinstance(self.store, Redirecting) or not self.store.redirect:
+            return None
+        # The stored object knows nothing of text: say the charset as the API's own answer does.
+        return await self.store.presign(self.key, filename=self.filename, media_type=self.content_type)
 
     @property
     def content_type(self) -> str:

@@ -2,8 +2,10 @@
 
 `ChunkWriter` cuts a run's byte stream into the store's chunks (hashing, counting and bounding it as it goes).
 
-`ResultStore` is the small interface an object-storage backend could implement; `PgResultStore` keeps the
-chunks in `export_chunks`, so "completed" and "the bytes exist" sit in one database. Every operation is
+`ResultStore` is the small interface both backends implement: `PgResultStore` keeps the chunks in
+`export_chunks`, so "completed" and "the bytes exist" sit in one database; `space.exports.s3.S3ResultStore` keeps
+one object per execution in an S3-compatible bucket (SPEC §15). `open_result_store` picks one from the settings,
+for the API, the worker and the CLI alike. Every operation is
 its own short transaction under the org's RLS context: the download never holds a transaction open while
 a slow client reads, and a worker's chunk writes never wait on its long read transaction.
 
@@ -27,7 +29,9 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from sqlalchemy import delete, insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from space.db import Tenant, UnitOfWork, driver_connection, set_tenant, tenant_statement
+from space.config import Settings
+from space.db import Database, Tenant, UnitOfWork, driver_connection, set_tenant, tenant_statement
+from space.exports import ledger
 from space.exports.failures import ExportFailure
 from space.exports.models import ExportChunk
 
@@ -59,6 +63,10 @@ class ChunkSink(Protocol):
         """Store chunk `seq` (0, 1, 2, ...)."""
         ...
 
+    async def abort(self) -> None:
+        """The run failed: what was written must never become a result (the block's end then keeps nothing)."""
+        ...
+
 
 @runtime_checkable
 class ResultStore(Protocol):
@@ -80,6 +88,29 @@ class ResultStore(Protocol):
         """Yield bytes `start` to `end` (exclusive; None: the last stored byte) of an execution, in order, a
         bounded part at a time, each read only when the consumer asks for more. A missing chunk before `end`
         raises ResultMissing."""
+        ...
+
+    async def delete_org(self, org_id: uuid.UUID) -> int:
+        """The purge: delete every stored result of the org; returns how many were removed."""
+        ...
+
+    async def sweep(self, limit: int = 500) -> dict[str, int]:
+        """The cleanup: delete stored bytes that no running or kept completed execution owns; counts by kind."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the store's connections (end of the process)."""
+        ...
+
+
+@runtime_checkable
+class Redirecting(Protocol):
+    """A store whose results a client fetches itself, from a short-lived URL (SPEC §15's 303)."""
+
+    redirect: bool
+
+    async def presign(self, key: ResultKey, *, filename: str, media_type: str) -> str:
+        """A URL that GETs the execution's bytes for a short while, with these response headers."""
         ...
 
 
@@ -117,6 +148,9 @@ class _PgSink:
     def __init__(self, conn: AsyncConnection, key: ResultKey) -> None:
         self._conn = conn
         self._key = key
+
+    async def abort(self) -> None:
+        """Nothing to undo here: the failure that follows deletes the execution's chunks."""
 
     async def write(self, seq: int, data: bytes | memoryview) -> None:
         """Insert one chunk."""
@@ -179,6 +213,23 @@ class PgResultStore:
                 )
             )
             return int(getattr(result, "rowcount", 0) or 0)
+
+    async def delete_org(self, org_id: uuid.UUID) -> int:
+        """Nothing: the purge deletes `export_chunks` rows itself, in counted batches like every tenant table."""
+        return 0
+
+    async def sweep(self, limit: int = 500) -> dict[str, int]:
+        """Delete the chunks of executions that are neither running nor published and kept (cross-org: through
+        the maintenance function `space_exports_orphan_executions`)."""
+        async with UnitOfWork(self._sessionmaker) as uow:
+            orphans = await ledger.orphan_executions(uow.session, limit)
+        chunks = 0
+        for export_id, org_id, execution_id in orphans:
+            chunks += await self.delete(ResultKey(org_id, export_id, execution_id))
+        return {"orphan_executions": len(orphans), "orphan_chunks": chunks}
+
+    async def aclose(self) -> None:
+        """Nothing: the store uses the database's pool, which its owner disposes of."""
 
     async def read(self, key: ResultKey, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
         """Bytes `start` to `end` of an execution, one part (at most `part_bytes` of one chunk) per short
@@ -316,11 +367,15 @@ class ChunkWriter:
         self.buffer = self.spare = bytearray()
 
     async def discard(self) -> None:
-        """After a failure: wait for the chunk in flight (its error is moot), so no write lands afterwards."""
+        """After a failure: wait for the chunk in flight (its error is moot), so no write lands afterwards, and
+        abort the sink (an object store's upload must not be completed by the block's end)."""
         if self.pending is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.pending)
             self.pending = None
+        if self.sink is not None:
+            with contextlib.suppress(Exception):
+                await self.sink.abort()
         with contextlib.suppress(Exception):
             await self.exits.aclose()
         self.buffer = self.spare = bytearray()
@@ -344,3 +399,20 @@ class ChunkWriter:
         self.pending = asyncio.create_task(self._store(self.sink, self.seq, data), name="export-chunk")
         self.seq += 1
         self.buffer, self.spare, self.filled = self.spare, self.buffer, 0
+
+
+@contextlib.asynccontextmanager
+async def open_result_store(settings: Settings, db: Database) -> AsyncIterator[ResultStore]:
+    """The store `SPACE_RESULT_STORE` names, on the app role's database, closed at the end of the block."""
+    store: ResultStore
+    if settings.result_store.startswith("s3://"):
+        # Imported here: the embedded default needs no S3 client loaded.
+        from space.exports.s3 import S3Location, S3ResultStore
+
+        store = S3ResultStore(db, S3Location.parse(settings.result_store), redirect=settings.result_redirect)
+    else:
+        store = PgResultStore(db.sessionmaker)
+    try:
+        yield store
+    finally:
+        await store.aclose()

@@ -9,6 +9,7 @@ and the next run carries on where this one stopped, with exact counts.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,7 @@ from sqlalchemy import CursorResult, func, select, text
 
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
+from space.exports.storage import ResultStore, open_result_store
 from space.orgs.lifecycle import Action, change_state, is_due
 from space.orgs.service import lock_org
 
@@ -72,7 +74,7 @@ class _NotDue(Exception):
 
 async def purge_due_job(ctx: dict[str, Any]) -> dict[str, Any]:
     """SAQ cron entry: purge every organization whose grace period is over."""
-    results = await purge_due(ctx["settings"], ctx["db"])
+    results = await purge_due(ctx["settings"], ctx["db"], store=ctx.get("store"))
     return {"purged": [{"orgId": str(r.org_id), "counts": r.counts} for r in results]}
 
 
@@ -82,18 +84,25 @@ async def purge_due(
     *,
     batch_rows: int = PURGE_BATCH_ROWS,
     after_batch: AfterBatch | None = None,
+    store: ResultStore | None = None,
 ) -> list[PurgeResult]:
-    """Purge every due organization; one that fails is logged and retried on the next run."""
-    results = []
-    for org_id in await due_org_ids(db):
-        try:
-            result = await purge_org(db, org_id, batch_rows=batch_rows, after_batch=after_batch)
-        except Exception:
-            log.exception("purge of org %s stopped; the next run resumes it", org_id)
-            continue
-        if result is not None:
-            results.append(result)
-    return results
+    """Purge every due organization; one that fails is logged and retried on the next run.
+
+    `store` is where results live (the worker's); without one, the store the settings name is opened for the run.
+    """
+    async with contextlib.AsyncExitStack() as exits:
+        if store is None:
+            store = await exits.enter_async_context(open_result_store(settings, db))
+        results = []
+        for org_id in await due_org_ids(db):
+            try:
+                result = await purge_org(db, org_id, batch_rows=batch_rows, after_batch=after_batch, store=store)
+            except Exception:
+                log.exception("purge of org %s stopped; the next run resumes it", org_id)
+                continue
+            if result is not None:
+                results.append(result)
+        return results
 
 
 async def due_org_ids(db: Database, limit: int = MAX_ORGS_PER_RUN) -> list[uuid.UUID]:
@@ -111,8 +120,10 @@ async def purge_org(
     *,
     batch_rows: int = PURGE_BATCH_ROWS,
     after_batch: AfterBatch | None = None,
+    store: ResultStore | None = None,
 ) -> PurgeResult | None:
-    """Delete one due org's rows batch by batch, then leave the tombstone; None if it is no longer due."""
+    """Delete one due org's rows batch by batch, and its stored results outside the database (`store`), then
+    leave the tombstone; None if it is no longer due."""
     tables = await _existing_tables(db, org_id)
     try:
         for _ in range(MAX_SWEEPS):
@@ -120,6 +131,13 @@ async def purge_org(
                 while (n := await _delete_batch(db, org_id, table, batch_rows, tables)) > 0:
                     if after_batch is not None:
                         await after_batch(org_id, table, n)
+            if store is not None:
+                # Before the tombstone: a failure here leaves the org `deleting`, and the next run deletes again.
+                # Its export rows are gone, so no upload still running can be published; one that completes
+                # after this has no ledger row, and the cleanup's sweep deletes it.
+                removed = await store.delete_org(org_id)
+                if removed:
+                    log.info("purge of org %s: deleted %d stored result(s)", org_id, removed)
             finished = await _finish(db, org_id, tables)
             if finished is not None:
                 return finished

@@ -1,0 +1,368 @@
+"""`ResultStore` on an S3-compatible object store (SPEC §15), through aiobotocore.
+
+One object per execution, at `<prefix>/<org>/<export>/<execution>`. The worker streams it as a multipart upload
+(parts of at least 5 MiB, the last smaller; a result smaller than one part is one PUT), which S3 shows only once
+it is completed: an execution that fails, loses its lease or is killed never becomes a visible object, and its
+unfinished upload is aborted (by the worker on failure, by `sweep` after a crash). Whether a completed object may
+be served is still the ledger's call: the download opens only the published execution's key, and `sweep` deletes
+every object whose execution the ledger does not hold as running or completed.
+
+Endpoint and credentials come from botocore's standard variables (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
+`AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, or an instance profile); nothing of them is a Space setting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from botocore.exceptions import BotoCoreError, ClientError
+from sqlalchemy import func, select
+
+from space.db import Database, Tenant, UnitOfWork
+from space.exports.models import ExportJob, ExportState
+from space.exports.storage import READ_PIECE_BYTES, ChunkSink, ResultKey, ResultMissing
+
+if TYPE_CHECKING:
+    from types_aiobotocore_s3 import S3Client
+    from types_aiobotocore_s3.type_defs import CompletedPartTypeDef
+
+log = logging.getLogger("space.exports")
+
+MIN_PART_BYTES = 5 * 1024 * 1024
+"""S3's smallest part of a multipart upload (except the last)."""
+PRESIGN_SECONDS = 60
+"""How long a download's presigned GET is valid (SPEC §15: at most 60 s)."""
+DELETE_BATCH = 1000
+"""Keys per DeleteObjects request (S3's maximum)."""
+PROBE_KEY = "space-check"
+"""What the start-up check writes and deletes under the prefix to prove the bucket is writable."""
+
+
+class StoreUnavailable(Exception):
+    """The bucket can't be reached, read or written; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """`s3://bucket/prefix` split; the prefix has no leading or trailing slash."""
+
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, url: str) -> S3Location:
+        """From SPACE_RESULT_STORE (already validated by the settings' pattern)."""
+        rest = url.removeprefix("s3://")
+        bucket, _, prefix = rest.partition("/")
+        return cls(bucket, prefix.strip("/"))
+
+    def root(self, org_id: uuid.UUID | None = None) -> str:
+        """The prefix of every object (of one org, when given), ending in a slash (or empty)."""
+        parts = [p for p in (self.prefix, str(org_id) if org_id else "") if p]
+        return "".join(f"{p}/" for p in parts)
+
+    def key(self, key: ResultKey) -> str:
+        """The object key of one execution: org, export, execution."""
+        return f"{self.root(key.org_id)}{key.export_id}/{key.execution_id}"
+
+    def result_key(self, object_key: str) -> ResultKey | None:
+        """The execution an object key names, or None for a key Space did not write."""
+        parts = object_key.removeprefix(self.root()).split("/")
+        if len(parts) != 3:
+            return None
+        try:
+            return ResultKey(*(uuid.UUID(p) for p in parts))
+        except ValueError:
+            return None
+
+
+class _S3Sink:
+    """One execution's chunks as one multipart upload, begun only once a whole part is there."""
+
+    def __init__(self, client: S3Client, bucket: str, key: str) -> None:
+        self._client = client
+        self._bucket = bucket
+        self._key = key
+        self._buffer = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[CompletedPartTypeDef] = []
+        self._done = False
+
+    async def write(self, seq: int, data: bytes | memoryview) -> None:
+        """Append a chunk; upload a part once at least 5 MiB are buffered (the chunk buffer is reused after)."""
+        self._buffer += data
+        if len(self._buffer) >= MIN_PART_BYTES:
+            await self._upload_part()
+
+    async def _upload_part(self) -> None:
+        if self._upload_id is None:
+            started = await self._client.create_multipart_upload(Bucket=self._bucket, Key=self._key)
+            self._upload_id = started["UploadId"]
+        number = len(self._parts) + 1
+        # The buffer itself is the body (botocore takes a bytearray): a fresh one fills meanwhile, no copy.
+        body, self._buffer = self._buffer, bytearray()
+        part = await self._client.upload_part(
+            # botocore validates a blob as bytes, bytearray or a file; its type stubs say only bytes.
+            Bucket=self._bucket,
+            Key=self._key,
+            UploadId=self._upload_id,
+            PartNumber=number,
+            Body=cast(bytes, body),
+        )
+        self._parts.append({"PartNumber": number, "ETag": part["ETag"]})
+
+    async def finish(self) -> None:
+        """Make the object visible: complete the upload, or PUT a result smaller than one part."""
+        if self._done:
+            return
+        if self._upload_id is None:
+            await self._client.put_object(Bucket=self._bucket, Key=self._key, Body=bytes(self._buffer))
+        else:
+            if self._buffer:
+                await self._upload_part()
+            await self._client.complete_multipart_upload(
+                Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": self._parts}
+            )
+        # Only now: if completing failed, the failure path's abort still drops the upload.
+        self._done = True
+        self._buffer = bytearray()
+
+    async def abort(self) -> None:
+        """Drop the upload: its parts are freed and no object appears."""
+        if self._done:
+            return
+        self._done = True
+        self._buffer = bytearray()
+        if self._upload_id is not None:
+            await self._client.abort_multipart_upload(Bucket=self._bucket, Key=self._key, UploadId=self._upload_id)
+
+
+class S3ResultStore:
+    """`ResultStore` on one bucket and prefix; `redirect` makes downloads 303 to a presigned GET."""
+
+    def __init__(self, db: Database, location: S3Location, *, redirect: bool = True) -> None:
+        self._db = db
+        self.location = location
+        self.redirect = redirect
+        self._exits = contextlib.AsyncExitStack()
+        self._client: S3Client | None = None
+
+    async def client(self) -> S3Client:
+        """The store's one client (connection pool), made on first use in the running event loop."""
+        if self._client is None:
+            self._client = await self._exits.enter_async_context(_new_client())
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the client's connections."""
+        self._client = None
+        await self._exits.aclose()
+
+    @property
+    def _bucket(self) -> str:
+        return self.location.bucket
+
+    async def write(self, key: ResultKey, seq: int, data: bytes | memoryview) -> None:
+        """Store a one-chunk result (an object per execution: only seq 0 is meaningful here)."""
+        if seq != 0:
+            raise ValueError("the S3 store writes multi-chunk results through sink()")
+        await (await self.client()).put_object(Bucket=self._bucket, Key=self.location.key(key), Body=bytes(data))
+
+    @contextlib.asynccontextmanager
+    async def sink(self, key: ResultKey) -> AsyncIterator[ChunkSink]:
+        """A multipart upload of one execution: completed when the block ends normally, aborted otherwise."""
+        sink = _S3Sink(await self.client(), self._bucket, self.location.key(key))
+        try:
+            yield sink
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await sink.abort()
+            raise
+        await sink.finish()
+
+    async def delete(self, key: ResultKey) -> int:
+        """Delete an execution's object (1: S3 does not say whether it existed)."""
+        await (await self.client()).delete_object(Bucket=self._bucket, Key=self.location.key(key))
+        return 1
+
+    async def read(self, key: ResultKey, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+        """Bytes `start` to `end` of the execution's object, one ranged GET, handed on in pieces as they arrive."""
+        if end is not None and end <= start:
+            return
+        byte_range = f"bytes={start}-{'' if end is None else end - 1}"
+        client = await self.client()
+        try:
+            got = await client.get_object(Bucket=self._bucket, Key=self.location.key(key), Range=byte_range)
+        except ClientError as exc:
+            if _code(exc) in {"NoSuchKey", "404", "InvalidRange", "416"}:
+                raise ResultMissing(f"export {key.export_id} has no stored object") from None
+            raise
+        body = got["Body"]
+        try:
+            # aiohttp reads from the socket only as pieces are taken: a stalled client stops the transfer.
+            async for piece in body.iter_chunks(READ_PIECE_BYTES):
+                yield piece
+        finally:
+            body.close()
+
+    async def presign(self, key: ResultKey, *, filename: str, media_type: str, seconds: int = PRESIGN_SECONDS) -> str:
+        """A GET of the execution's object valid `seconds`, whose response carries the download's headers."""
+        client = await self.client()
+        url: str = await client.generate_presigned_url(
+            "get_object",
+            Params={
+                "Bucket": self._bucket,
+                "Key": self.location.key(key),
+                "ResponseContentDisposition": f'attachment; filename="{filename}"',
+                "ResponseContentType": media_type,
+                "ResponseCacheControl": "private, no-store",
+            },
+            ExpiresIn=min(seconds, PRESIGN_SECONDS),
+        )
+        return url
+
+    async def delete_org(self, org_id: uuid.UUID) -> int:
+        """Delete every object of the org, and abort its unfinished uploads (the purge: by the org's prefix)."""
+        root = self.location.root(org_id)
+        deleted = 0
+        async for keys in self._object_pages(root):
+            deleted += await self._delete_keys(keys)
+        async for uploads in self._upload_pages(root):
+            for object_key, upload_id, _ in uploads:
+                await self._abort(object_key, upload_id)
+        return deleted
+
+    async def sweep(self, limit: int = 500) -> dict[str, int]:
+        """The cleanup's part: delete objects of executions the ledger does not hold as running or completed (not
+        purged or deleted), and abort uploads of executions that are not running under a live lease."""
+        root = self.location.root()
+        orphans: list[str] = []
+        async for keys in self._object_pages(root):
+            named = {k: self.location.result_key(k) for k in keys}
+            live = await self._live(r for r in named.values() if r is not None)
+            orphans += [k for k, r in named.items() if r is not None and r not in live]
+            if len(orphans) >= limit:
+                break
+        deleted = await self._delete_keys(orphans[:limit])
+        aborted = 0
+        async for uploads in self._upload_pages(root):
+            named_uploads = [(k, u, self.location.result_key(k)) for k, u, _ in uploads]
+            uploading = await self._live((r for _, _, r in named_uploads if r is not None), uploading=True)
+            for object_key, upload_id, result_key in named_uploads:
+                if result_key is not None and result_key not in uploading and aborted < limit:
+                    await self._abort(object_key, upload_id)
+                    aborted += 1
+        return {"orphan_objects": deleted, "aborted_uploads": aborted}
+
+    # --- listing ---------------------------------------------------------------------------------------------
+
+    async def _object_pages(self, root: str) -> AsyncIterator[list[str]]:
+        paginator = (await self.client()).get_paginator("list_objects_v2")
+        async for page in paginator.paginate(Bucket=self._bucket, Prefix=root):
+            yield [o["Key"] for o in page.get("Contents", [])]
+
+    async def _upload_pages(self, root: str) -> AsyncIterator[list[tuple[str, str, dt.datetime | None]]]:
+        paginator = (await self.client()).get_paginator("list_multipart_uploads")
+        async for page in paginator.paginate(Bucket=self._bucket, Prefix=root):
+            yield [(u["Key"], u["UploadId"], u.get("Initiated")) for u in page.get("Uploads", [])]
+
+    async def _delete_keys(self, keys: list[str]) -> int:
+        client = await self.client()
+        deleted = 0
+        for i in range(0, len(keys), DELETE_BATCH):
+            batch = keys[i : i + DELETE_BATCH]
+            await client.delete_objects(
+                Bucket=self._bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
+            )
+            deleted += len(batch)
+        return deleted
+
+    async def _abort(self, object_key: str, upload_id: str) -> None:
+        client = await self.client()
+        with contextlib.suppress(ClientError):  # finished or aborted meanwhile
+            await client.abort_multipart_upload(Bucket=self._bucket, Key=object_key, UploadId=upload_id)
+
+    async def _live(self, keys: Iterable[ResultKey], *, uploading: bool = False) -> set[ResultKey]:
+        """Which of these executions the ledger holds: running or completed and kept (objects), or running under
+        a live lease (uploads). Asked per org under its own RLS context: no cross-org read is needed."""
+        by_org: dict[uuid.UUID, list[ResultKey]] = {}
+        for key in keys:
+            by_org.setdefault(key.org_id, []).append(key)
+        live: set[ResultKey] = set()
+        for org_id, org_keys in by_org.items():
+            conditions = [
+                ExportJob.org_id == org_id,
+                ExportJob.id.in_({k.export_id for k in org_keys}),
+                ExportJob.deleted_at.is_(None),
+            ]
+            if uploading:
+                conditions += [
+                    ExportJob.state == ExportState.running.value,
+                    ExportJob.lease_expires_at > func.clock_timestamp(),
+                ]
+            else:
+                conditions += [
+                    ExportJob.state.in_([ExportState.running.value, ExportState.completed.value]),
+                    ExportJob.purged_at.is_(None),
+                ]
+            async with UnitOfWork(self._db.sessionmaker, Tenant(org_id=org_id)) as uow:
+                rows = await uow.session.execute(select(ExportJob.id, ExportJob.execution_id).where(*conditions))
+                held = {(export_id, execution_id) for export_id, execution_id in rows}
+            live.update(k for k in org_keys if (k.export_id, k.execution_id) in held)
+        return live
+
+
+def _new_client() -> contextlib.AbstractAsyncContextManager[S3Client]:
+    # Standard retries; a pool large enough for many downloads streaming through the API at once.
+    # SigV4 for presigned URLs too (botocore may otherwise presign with the legacy SigV2 that newer regions refuse).
+    # Checksums only where S3 requires them: every part would otherwise be read once more for a CRC32 (and,
+    # over plain HTTP, wrapped in aws-chunked encoding); SigV4 already hashes each request's payload.
+    config = AioConfig(
+        retries={"mode": "standard"},
+        max_pool_connections=64,
+        signature_version="s3v4",
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    return get_session().create_client("s3", config=config)
+
+
+async def check_bucket(location: S3Location) -> str:
+    """Prove the bucket is reachable and writable (write and delete a probe object under the prefix); say where it
+    is, or raise StoreUnavailable naming the bucket, the endpoint and the reason."""
+    where = f"s3://{location.bucket}/{location.prefix}".rstrip("/")
+    probe = f"{location.root()}{PROBE_KEY}"
+    try:
+        async with _new_client() as client:
+            endpoint = client.meta.endpoint_url
+            try:
+                await client.head_bucket(Bucket=location.bucket)
+            except (ClientError, BotoCoreError) as exc:
+                raise StoreUnavailable(f"bucket {where} at {endpoint} can't be reached: {_reason(exc)}") from None
+            try:
+                await client.put_object(Bucket=location.bucket, Key=probe, Body=b"ok")
+                await client.delete_object(Bucket=location.bucket, Key=probe)
+            except (ClientError, BotoCoreError) as exc:
+                raise StoreUnavailable(f"bucket {where} at {endpoint} is not writable: {_reason(exc)}") from None
+    except BotoCoreError as exc:  # no region, no credentials: the client itself can't be made
+        raise StoreUnavailable(f"bucket {where}: {_reason(exc)}") from None
+    return f"{where} at {endpoint}: reachable, writable"
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        return f"{error.get('Code', '?')} {error.get('Message', '')}".strip()
+    return str(exc) or type(exc).__name__
