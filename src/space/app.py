@@ -18,9 +18,11 @@ from space.errors import EXCEPTION_HANDLERS
 from space.exports.downloads import DownloadSlots
 from space.exports.queue import make_queue
 from space.exports.routes import ExportController
+from space.observability.metrics import HTTP_METRICS
+from space.observability.requests import request_ids
 from space.orgs.routes import router as orgs_router
 from space.projects.routes import router as projects_router
-from space.system import health, me
+from space.system import health, me, metrics_text, ready
 from space.tickets.routes import router as tickets_router
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -69,11 +71,23 @@ def create_app(settings: Settings) -> Litestar:
             finally:
                 await db.dispose()
 
-    return Litestar(
-        route_handlers=[health, me, orgs_router, projects_router, tickets_router, ExportController],
+    app = Litestar(
+        route_handlers=[
+            health,
+            ready,
+            metrics_text,
+            me,
+            orgs_router,
+            projects_router,
+            tickets_router,
+            ExportController,
+        ],
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[AUTHENTICATION],
+        # Counted before authentication, so refusals (401) are counted too.
+        middleware=[HTTP_METRICS.middleware, AUTHENTICATION],
+        # Logging is set up once per process (space.observability.logs), not by each app.
+        logging_config=None,
         lifespan=[lifespan],
         request_max_body_size=MAX_BODY_BYTES,
         openapi_config=OpenAPIConfig(
@@ -87,3 +101,7 @@ def create_app(settings: Settings) -> Litestar:
             security=[{"bearer": []}],
         ),
     )
+    # Request ids and request lines wrap everything, the exception handler and the router included (as Litestar's
+    # own OpenTelemetry plugin wraps it): a 401 from a middleware and a 404 of an unknown route get them too.
+    app.asgi_handler = request_ids(app.asgi_handler)
+    return app

@@ -33,6 +33,15 @@ def _settings() -> Settings:
         raise click.ClickException(str(exc)) from None
 
 
+def _serving_settings() -> Settings:
+    """Settings of a command that serves (up, api, worker), with its logs set up in SPACE_LOG_FORMAT."""
+    from space.observability.logs import configure_logging
+
+    settings = _settings()
+    configure_logging(settings.log_format)
+    return settings
+
+
 @contextlib.contextmanager
 def database(settings: Settings) -> Iterator[tuple[Settings, bool]]:
     """Yield settings whose database_url is set: DATABASE_URL, or the embedded server (started, stopped on exit)."""
@@ -140,7 +149,7 @@ def main(debug: bool) -> None:
 @main.command()
 def up() -> None:
     """Start everything: database (embedded unless DATABASE_URL), migrations, API and an in-process worker."""
-    settings = _settings()
+    settings = _serving_settings()
     # The port first: if it is taken, nothing else has been started.
     with _listen(settings) as sock, database(settings) as (s, embedded):
         _migrate(s, embedded)
@@ -161,7 +170,7 @@ def up() -> None:
 @main.command()
 def api() -> None:
     """Serve the API only (production: run workers separately with `space worker`)."""
-    settings = _settings()
+    settings = _serving_settings()
     with _listen(settings) as sock, database(settings) as (s, _):
         _ready_to_serve(s)
 
@@ -176,10 +185,11 @@ def worker() -> None:
     """Run an export worker until SIGTERM/SIGINT."""
     from space.worker import run_worker
 
-    settings = _settings()
+    settings = _serving_settings()
     with database(settings) as (s, _), contextlib.suppress(KeyboardInterrupt):
         _ready_to_serve(s)
-        asyncio.run(run_worker(s))
+        # Its own metrics endpoint: under `space up` the API's /metrics reports the worker's too.
+        asyncio.run(run_worker(s, serve_metrics=True))
 
 
 @main.command()
@@ -258,7 +268,8 @@ async def _serve(settings: Settings, sock: socket.socket, *, with_worker: bool, 
             if self.started:
                 self.listening.set()
 
-    server = Server(uvicorn.Config(create_app(settings), log_level="info"))
+    # uvicorn's loggers keep the process's formatter (log_config=None); the app writes the request lines itself.
+    server = Server(uvicorn.Config(create_app(settings), log_level="info", log_config=None, access_log=False))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
 

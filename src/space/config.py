@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -58,6 +58,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """statement_timeout of the API's database connections, in milliseconds."""
     download_concurrency: PositiveInt = 64
     """Downloads one API process streams at once; beyond it, 503 busy."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines: human-readable text, or one JSON object per line."""
+    worker_metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9100
+    """TCP port of `space worker`'s Prometheus endpoint (/metrics); 0 serves none."""
 
 
 # Environment variable -> Settings field. Only these are read; everything else in the environment is ignored.
@@ -86,6 +90,8 @@ ENV_VARS: dict[str, str] = {
     "SPACE_EXPORT_ORG_CONCURRENCY": "export_org_concurrency",
     "SPACE_API_STATEMENT_TIMEOUT_MS": "api_statement_timeout_ms",
     "SPACE_DOWNLOAD_CONCURRENCY": "download_concurrency",
+    "SPACE_LOG_FORMAT": "log_format",
+    "SPACE_WORKER_METRICS_PORT": "worker_metrics_port",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"

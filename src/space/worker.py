@@ -24,6 +24,7 @@ from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_e
 from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT, make_queue
 from space.exports.storage import PgResultStore
+from space.observability.metrics import WorkerMetricsServer
 from space.orgs.jobs import purge_due_job
 
 log = logging.getLogger("space.worker")
@@ -46,13 +47,21 @@ def every(seconds: int) -> str:
     return EVERY_MINUTE if seconds >= 60 else f"* * * * * */{seconds}"
 
 
-def build_worker(settings: Settings, *, application_name: str = "space-worker") -> Worker[Any]:
-    """A SAQ worker whose ctx carries `settings`, `db` (app role) and `store` for every job."""
+def build_worker(
+    settings: Settings, *, application_name: str = "space-worker", serve_metrics: bool = False
+) -> Worker[Any]:
+    """A SAQ worker whose ctx carries `settings`, `db` (app role) and `store` for every job; with `serve_metrics`,
+    it serves /metrics on SPACE_WORKER_METRICS_PORT (0: none) while it runs."""
     assert settings.database_url, "the worker needs a database URL"
     queue = make_queue(
         settings, application_name=f"{application_name}-queue", max_connections=4 + 2 * settings.worker_concurrency
     )
     db = Database(app_url(settings.database_url, settings.app_database_url), application_name=application_name)
+    metrics = (
+        WorkerMetricsServer(settings.host, settings.worker_metrics_port)
+        if serve_metrics and settings.worker_metrics_port
+        else None
+    )
 
     async def startup(ctx: Any) -> None:
         # Before any job: a role that could see past RLS stops the worker (AppRoleError, out of Worker.start).
@@ -61,8 +70,12 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
         ctx["settings"] = settings
         ctx["db"] = db
         ctx["store"] = PgResultStore(db.sessionmaker)
+        if metrics is not None:
+            metrics.start(db)
 
     async def shutdown(ctx: Any) -> None:
+        if metrics is not None:
+            metrics.stop()
         await db.dispose()
 
     functions: Any = [(RUN_EXPORT, run_export_job)]
@@ -95,9 +108,9 @@ def build_worker(settings: Settings, *, application_name: str = "space-worker") 
     return worker
 
 
-async def run_worker(settings: Settings, *, started: asyncio.Event | None = None) -> None:
+async def run_worker(settings: Settings, *, started: asyncio.Event | None = None, serve_metrics: bool = False) -> None:
     """Run a worker until cancelled, or until SIGINT/SIGTERM when it is the process's only job; set `started` once it is up."""
-    worker = build_worker(settings)
+    worker = build_worker(settings, serve_metrics=serve_metrics)
     if started is not None:
         # SAQ runs its start-up hooks once the queue is connected, right before it takes jobs.
         async def mark_started(ctx: Any) -> None:

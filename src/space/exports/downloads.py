@@ -20,9 +20,10 @@ from typing import Any
 from litestar import Request
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
-from litestar.types import Receive, Scope, Send
+from litestar.types import Message, Receive, Scope, Send
 
 from space.errors import Busy, problem_for
+from space.observability import metrics
 
 BUSY_RETRY_AFTER = 5
 """Seconds a client is asked to wait when every download slot of the process is taken."""
@@ -53,11 +54,15 @@ class DownloadSlots:
 class DownloadStream(Stream):
     """A result streamed to its client while it holds a download slot; 503 `busy` when none is free."""
 
-    __slots__ = ("slots",)
+    __slots__ = ("slots", "via")
 
-    def __init__(self, content: AsyncIterator[bytes], *, slots: DownloadSlots, **kwargs: Any) -> None:
+    def __init__(
+        self, content: AsyncIterator[bytes], *, slots: DownloadSlots, via: str = "bearer", **kwargs: Any
+    ) -> None:
         super().__init__(content, **kwargs)
         self.slots = slots
+        self.via = via
+        """How the download was authorized (`bearer` or `link`): the label of `space_downloads_total`."""
 
     def to_asgi_response(self, app: Any, request: Request[Any, Any, Any], **kwargs: Any) -> ASGIResponse:
         """The stream's ASGI response inside the slot guard."""
@@ -70,19 +75,22 @@ class DownloadStream(Stream):
             )
             return problem_for(error).to_asgi_response(None, request)
 
-        return _InSlot(stream, self.slots, busy)
+        return _InSlot(stream, self.slots, busy, self.via)
 
 
 class _InSlot(ASGIResponse):
     """Sends `stream` while holding a slot, or the busy answer; an ASGIResponse only so Litestar can send it."""
 
-    __slots__ = ("_busy", "_slots", "_stream")
+    __slots__ = ("_busy", "_slots", "_stream", "_via")
 
-    def __init__(self, stream: ASGIResponse, slots: DownloadSlots, busy: Callable[[], ASGIResponse]) -> None:
+    def __init__(
+        self, stream: ASGIResponse, slots: DownloadSlots, busy: Callable[[], ASGIResponse], via: str = "bearer"
+    ) -> None:
         super().__init__(status_code=stream.status_code)
         self._stream = stream
         self._slots = slots
         self._busy = busy
+        self._via = via
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # A HEAD response streams nothing, so it takes no slot.
@@ -92,7 +100,17 @@ class _InSlot(ASGIResponse):
         if not self._slots.take():
             await self._busy()(scope, receive, send)
             return
+        metrics.DOWNLOADS.labels(via=self._via).inc()
+        metrics.DOWNLOADS_IN_FLIGHT.inc()
+
+        async def counted(message: Message) -> None:
+            await send(message)
+            # Counted once handed to the server: a client that goes away midway got only what was sent.
+            if message["type"] == "http.response.body":
+                metrics.DOWNLOAD_BYTES.inc(len(message.get("body", b"")))
+
         try:
-            await self._stream(scope, receive, send)
+            await self._stream(scope, receive, counted)
         finally:
+            metrics.DOWNLOADS_IN_FLIGHT.dec()
             self._slots.release()
