@@ -33,6 +33,16 @@ def _settings() -> Settings:
         raise click.ClickException(str(exc)) from None
 
 
+def _say(settings: Settings, line: str) -> None:
+    """A banner line: printed as it is, or under SPACE_LOG_FORMAT=json a log line like every other one."""
+    if settings.log_format == "json":
+        import logging
+
+        logging.getLogger("space").info(line)
+    else:
+        click.echo(line)
+
+
 def _serving_settings() -> Settings:
     """Settings of a command that serves (up, api, worker), with its logs set up in SPACE_LOG_FORMAT."""
     from space.observability.logs import configure_logging
@@ -158,11 +168,11 @@ def up() -> None:
 
         def banner() -> None:
             base = _base_url(s, sock)
-            click.echo(f"Space is running at {base}  (API docs: {base}/schema/openapi.json)")
-            click.echo(f"Try it:  curl -s {base}/health")
+            _say(s, f"Space is running at {base}  (API docs: {base}/schema/openapi.json)")
+            _say(s, f"Try it:  curl -s {base}/health")
             if hint:
-                click.echo(f'         curl -s -H "Authorization: Bearer {hint}" {base}/me')
-            click.echo("Demo data (two orgs, every role, tickets): .venv/bin/space demo   Stop: Ctrl+C")
+                _say(s, f'         curl -s -H "Authorization: Bearer {hint}" {base}/me')
+            _say(s, "Demo data (two orgs, every role, tickets): .venv/bin/space demo   Stop: Ctrl+C")
 
         asyncio.run(_serve(s, sock, with_worker=True, on_ready=banner))
 
@@ -175,7 +185,7 @@ def api() -> None:
         _ready_to_serve(s)
 
         def ready() -> None:
-            click.echo(f"Space API listening at {_base_url(s, sock)}")
+            _say(s, f"Space API listening at {_base_url(s, sock)}")
 
         asyncio.run(_serve(s, sock, with_worker=False, on_ready=ready))
 
