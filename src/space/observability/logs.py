@@ -179,7 +179,9 @@ def configure_logging(fmt: Literal["text", "json"], level: int = logging.INFO) -
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
-    # SQLAlchemy's INFO is every statement; its warnings are what an operator needs.
+    # SQLAlchemy's INFO is every statement, Alembic's its plugins and steps: their warnings are what an operator
+    # needs (and a failing command stays one line).
     logging.getLogger("sqlalchemy").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     logging.captureWarnings(True)
     return handler
