@@ -287,13 +287,14 @@ async def lease_ran_out(session: AsyncSession, export_id: uuid.UUID, org_id: uui
     """Whether the export is running under a lease that has run out, locking its row until commit.
 
     A claim (or `worker_lost`) that follows in the same transaction then ends an execution that lost its lease:
-    what `space_lease_lost_total` counts. The claim would lock the row anyway; this takes the lock a moment
-    earlier, so nothing changes the row between this answer and the claim.
+    what `space_lease_lost_total` counts. The claim would lock the row anyway; this takes the same lock (FOR NO
+    KEY UPDATE, which chunk inserts' KEY SHARE does not wait for) a moment earlier, so nothing changes the row
+    between this answer and the claim.
     """
     expired = await session.scalar(
         select(and_(ExportJob.state == ExportState.running.value, ExportJob.lease_expires_at < _now()))
         .where(ExportJob.id == export_id, ExportJob.org_id == org_id)
-        .with_for_update()
+        .with_for_update(key_share=True)
     )
     return bool(expired)
 
