@@ -3,7 +3,7 @@
 Two orgs, each with members of every role, tickets, projects and finished exports. The fuzzer calls every
 route as people of both orgs (and anonymously), with generated and with real ids of both orgs in the paths:
 no answer is a 5xx, and no answer to one org's token carries anything of the other org. A second test sends
-every route of the document without a token (and with an unknown one): 401 everywhere but /health.
+every route of the document without a token (and with an unknown one): 401 everywhere but /health and /ready.
 
 Run alone with `pytest -m fuzz`. Bounded: a few hundred requests, well under a minute.
 """
@@ -34,7 +34,12 @@ from tests.helpers import Api, Org
 pytestmark = pytest.mark.fuzz
 
 MAX_EXAMPLES = 600
-PUBLIC = {("GET", "/health"), ("GET", "/schemas/snapshot-v1.json"), ("GET", "/schemas/manifest-v1.json")}
+PUBLIC = {
+    ("GET", "/health"),
+    ("GET", "/ready"),
+    ("GET", "/schemas/snapshot-v1.json"),
+    ("GET", "/schemas/manifest-v1.json"),
+}
 """Routes anyone may call."""
 
 

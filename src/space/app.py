@@ -21,9 +21,11 @@ from space.exports.links import load_signer
 from space.exports.queue import make_queue, queue_identity
 from space.exports.routes import ExportController, manifest_schema_route, snapshot_schema_route
 from space.exports.storage import open_result_store
+from space.observability.metrics import HTTP_METRICS
+from space.observability.requests import request_ids
 from space.orgs.routes import router as orgs_router
 from space.projects.routes import router as projects_router
-from space.system import health, me
+from space.system import health, me, metrics_text, ready
 from space.tickets.routes import router as tickets_router
 from space.web.routes import router as web_router
 from space.webhooks.routes import WebhookController
@@ -83,9 +85,11 @@ def create_app(settings: Settings) -> Litestar:
             finally:
                 await db.dispose()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             health,
+            ready,
+            metrics_text,
             me,
             orgs_router,
             projects_router,
@@ -99,7 +103,10 @@ def create_app(settings: Settings) -> Litestar:
         ],
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[AUTHENTICATION],
+        # Counted before authentication, so refusals (401) are counted too.
+        middleware=[HTTP_METRICS.middleware, AUTHENTICATION],
+        # Logging is set up once per process (space.observability.logs), not by each app.
+        logging_config=None,
         lifespan=[lifespan],
         request_max_body_size=MAX_BODY_BYTES,
         openapi_config=OpenAPIConfig(
@@ -113,3 +120,7 @@ def create_app(settings: Settings) -> Litestar:
             security=[{"bearer": []}],
         ),
     )
+    # Request ids and request lines wrap everything, the exception handler and the router included (as Litestar's
+    # own OpenTelemetry plugin wraps it): a 401 from a middleware and a 404 of an unknown route get them too.
+    app.asgi_handler = request_ids(app.asgi_handler)
+    return app

@@ -34,6 +34,25 @@ def _settings() -> Settings:
         raise click.ClickException(str(exc)) from None
 
 
+def _say(settings: Settings, line: str) -> None:
+    """A banner line: printed as it is, or under SPACE_LOG_FORMAT=json a log line like every other one."""
+    if settings.log_format == "json":
+        import logging
+
+        logging.getLogger("space").info(line)
+    else:
+        click.echo(line)
+
+
+def _serving_settings() -> Settings:
+    """Settings of a command that serves (up, api, worker), with its logs set up in SPACE_LOG_FORMAT."""
+    from space.observability.logs import configure_logging
+
+    settings = _settings()
+    configure_logging(settings.log_format)
+    return settings
+
+
 @contextlib.contextmanager
 def database(settings: Settings) -> Iterator[tuple[Settings, bool]]:
     """Yield settings whose database_url is set: DATABASE_URL, or the embedded server (started, stopped on exit)."""
@@ -141,7 +160,7 @@ def main(debug: bool) -> None:
 @main.command()
 def up() -> None:
     """Start everything: database (embedded unless DATABASE_URL), migrations, API and an in-process worker."""
-    settings = _settings()
+    settings = _serving_settings()
     # The port first: if it is taken, nothing else has been started.
     with _listen(settings) as sock, database(settings) as (s, embedded):
         _migrate(s, embedded)
@@ -150,12 +169,12 @@ def up() -> None:
 
         def banner() -> None:
             base = _base_url(s, sock)
-            click.echo(f"Space is running at {base}  (API docs: {base}/schema/openapi.json)")
-            click.echo(f"Try it:  curl -s {base}/health")
+            _say(s, f"Space is running at {base}  (API docs: {base}/schema/openapi.json)")
+            _say(s, f"Try it:  curl -s {base}/health")
             if hint:
-                click.echo(f'         curl -s -H "Authorization: Bearer {hint}" {base}/me')
-                click.echo(f"Export center: open {base}/ and sign in with the token above")
-            click.echo("Demo data (two orgs, every role, tickets): .venv/bin/space demo   Stop: Ctrl+C")
+                _say(s, f'         curl -s -H "Authorization: Bearer {hint}" {base}/me')
+                _say(s, f"Export center: open {base}/ and sign in with the token above")
+            _say(s, "Demo data (two orgs, every role, tickets): .venv/bin/space demo   Stop: Ctrl+C")
 
         asyncio.run(_serve(s, sock, with_worker=True, on_ready=banner))
 
@@ -163,12 +182,12 @@ def up() -> None:
 @main.command()
 def api() -> None:
     """Serve the API only (production: run workers separately with `space worker`)."""
-    settings = _settings()
+    settings = _serving_settings()
     with _listen(settings) as sock, database(settings) as (s, _):
         _ready_to_serve(s)
 
         def ready() -> None:
-            click.echo(f"Space API listening at {_base_url(s, sock)}")
+            _say(s, f"Space API listening at {_base_url(s, sock)}")
 
         asyncio.run(_serve(s, sock, with_worker=False, on_ready=ready))
 
@@ -178,10 +197,11 @@ def worker() -> None:
     """Run an export worker until SIGTERM/SIGINT."""
     from space.worker import run_worker
 
-    settings = _settings()
+    settings = _serving_settings()
     with database(settings) as (s, _), contextlib.suppress(KeyboardInterrupt):
         _ready_to_serve(s)
-        asyncio.run(run_worker(s))
+        # Its own metrics endpoint: under `space up` the API's /metrics reports the worker's too.
+        asyncio.run(run_worker(s, serve_metrics=True))
 
 
 @main.command()
@@ -243,7 +263,11 @@ def server_config(settings: Settings, log_level: str = "info") -> uvicorn.Config
 
     # uvicorn would otherwise rewrite the peer from X-Forwarded-For for any request from 127.0.0.1, so a local
     # process could name any address in the audit trail; SPACE_TRUSTED_PROXIES alone decides (space.audit).
-    return uvicorn.Config(create_app(settings), log_level=log_level, proxy_headers=False)
+    # Its loggers keep the process's formatter (log_config=None), and the app writes the request lines itself
+    # (space.observability.requests): uvicorn's access line would quote the query, a link's token in it.
+    return uvicorn.Config(
+        create_app(settings), log_level=log_level, proxy_headers=False, log_config=None, access_log=False
+    )
 
 
 async def _serve(settings: Settings, sock: socket.socket, *, with_worker: bool, on_ready: Callable[[], None]) -> None:
@@ -252,8 +276,6 @@ async def _serve(settings: Settings, sock: socket.socket, *, with_worker: bool, 
     If either fails, the other is stopped and the failure raised; the caller's contexts then stop the rest.
     """
     import uvicorn
-
-    from space import redaction
 
     class Server(uvicorn.Server):
         """uvicorn's server, which tells when it listens (after the app's start-up), so the banner is true."""
@@ -272,8 +294,6 @@ async def _serve(settings: Settings, sock: socket.socket, *, with_worker: bool, 
                 self.listening.set()
 
     server = Server(server_config(settings))
-    # After uvicorn's Config, which configures its loggers: the access log quotes each path, link tokens included.
-    redaction.install()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
 

@@ -6,7 +6,7 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -84,6 +84,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Where results live: `postgres` (chunks in the database) or `s3://bucket/prefix` (SPEC §15)."""
     result_redirect: bool = True
     """With S3: a download answers 303 to a presigned GET (valid 60 s); 0 streams it through the API."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines: human-readable text, or one JSON object per line."""
+    worker_metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9100
+    """TCP port of `space worker`'s Prometheus endpoint (/metrics); 0 serves none."""
     trusted_proxies: str = ""
     """Comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client (audit `ip`)."""
 
@@ -126,6 +130,8 @@ ENV_VARS: dict[str, str] = {
     "SPACE_QUEUE_NAME": "queue_name",
     "SPACE_RESULT_STORE": "result_store",
     "SPACE_RESULT_REDIRECT": "result_redirect",
+    "SPACE_LOG_FORMAT": "log_format",
+    "SPACE_WORKER_METRICS_PORT": "worker_metrics_port",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"

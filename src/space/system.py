@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
+from collections.abc import Awaitable
 
 from litestar import Response, get
 from litestar.datastructures import State
 from litestar.di import NamedDependency
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from space.auth.service import Principal
+from space.db import Database
 from space.schemas import Output
+
+log = logging.getLogger("space")
 
 
 class Health(Output):
@@ -37,6 +44,51 @@ async def health(state: State) -> Response[Health]:
     except Exception:
         return Response(Health(status="degraded", database="unreachable"), status_code=503)
     return Response(Health(status="ok", database="ok"))
+
+
+READY_TIMEOUT_SECONDS = 2.0
+"""How long /ready waits for the database and for the queue before it calls them unreachable."""
+
+
+class Readiness(Output):
+    """GET /ready."""
+
+    status: str
+    database: str
+    queue: str
+
+
+async def _answers(check: Awaitable[object]) -> str:
+    try:
+        async with asyncio.timeout(READY_TIMEOUT_SECONDS):
+            await check
+    except Exception as exc:
+        log.warning("readiness: %s", type(exc).__name__)
+        return "unreachable"
+    return "ok"
+
+
+async def _database_answers(db: Database) -> None:
+    async with db.engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+
+
+@get("/ready", tags=["system"])
+async def ready(state: State) -> Response[Readiness]:
+    """200 when the database and the queue answer (this process may take traffic), else 503 (SPEC §16)."""
+    database = await _answers(_database_answers(state.db))
+    queue = await _answers(state.queue.count("queued"))
+    up = database == "ok" and queue == "ok"
+    body = Readiness(status="ready" if up else "unready", database=database, queue=queue)
+    return Response(body, status_code=200 if up else 503, headers={"Cache-Control": "no-store"})
+
+
+@get("/metrics", tags=["system"], include_in_schema=False)
+async def metrics_text(state: State) -> Response[bytes]:
+    """Prometheus text: HTTP, export, lease and download metrics, and the queue read from the ledger."""
+    from space.observability.metrics import render
+
+    return Response(await render(state.db), media_type=CONTENT_TYPE_LATEST, headers={"Cache-Control": "no-store"})
 
 
 @get("/me", tags=["system"])

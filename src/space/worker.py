@@ -31,6 +31,7 @@ from space.exports.jobs import (
 from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT, make_queue, queue_identity
 from space.exports.storage import open_result_store
+from space.observability.metrics import WorkerMetricsServer
 from space.orgs.jobs import purge_due_job
 from space.webhooks.jobs import deliver_webhook_job, sweep_webhooks_job
 from space.webhooks.queue import DELIVER_WEBHOOK
@@ -70,9 +71,12 @@ def _quiet_foreign_jobs() -> None:
         saq_log.addFilter(_QuietForeignJobs())
 
 
-async def build_worker(settings: Settings, *, application_name: str = "space-worker") -> Worker[Any]:
+async def build_worker(
+    settings: Settings, *, application_name: str = "space-worker", serve_metrics: bool = False
+) -> Worker[Any]:
     """A SAQ worker on this installation's queue, whose ctx carries `settings`, `db` (app role), `store` and
-    `installation` for every job."""
+    `installation` for every job; with `serve_metrics`, it serves /metrics on SPACE_WORKER_METRICS_PORT (0: none)
+    while it runs."""
     assert settings.database_url, "the worker needs a database URL"
     db = Database(app_url(settings.database_url, settings.app_database_url), application_name=application_name)
     try:
@@ -92,6 +96,11 @@ async def build_worker(settings: Settings, *, application_name: str = "space-wor
     )
     _quiet_foreign_jobs()
     exits = contextlib.AsyncExitStack()
+    metrics = (
+        WorkerMetricsServer(settings.host, settings.worker_metrics_port)
+        if serve_metrics and settings.worker_metrics_port
+        else None
+    )
 
     async def startup(ctx: Any) -> None:
         ctx["settings"] = settings
@@ -100,9 +109,13 @@ async def build_worker(settings: Settings, *, application_name: str = "space-wor
         ctx["installation"] = identity.installation
         ctx["foreign_logged"] = collections.OrderedDict()  # of other installations' jobs, each logged once
         log.info("worker of installation %s on queue %s", identity.installation, identity.name)
+        if metrics is not None:
+            metrics.start(db)
 
     async def shutdown(ctx: Any) -> None:
         try:
+            if metrics is not None:
+                metrics.stop()
             await exits.aclose()
         finally:
             await db.dispose()
@@ -140,9 +153,9 @@ async def build_worker(settings: Settings, *, application_name: str = "space-wor
     return worker
 
 
-async def run_worker(settings: Settings, *, started: asyncio.Event | None = None) -> None:
+async def run_worker(settings: Settings, *, started: asyncio.Event | None = None, serve_metrics: bool = False) -> None:
     """Run a worker until cancelled, or until SIGINT/SIGTERM when it is the process's only job; set `started` once it is up."""
-    worker = await build_worker(settings)
+    worker = await build_worker(settings, serve_metrics=serve_metrics)
     if started is not None:
         # SAQ runs its start-up hooks once the queue is connected, right before it takes jobs.
         async def mark_started(ctx: Any) -> None:

@@ -49,6 +49,8 @@ FAULT_SETTINGS: dict[str, str] = {
     "SPACE_EXPORT_CHUNK_BYTES": "8192",
     "SPACE_EXPORT_RETRIES": "3",
     "SPACE_WORKER_CONCURRENCY": "2",
+    # Several workers run on this host at once: none serves metrics unless a test gives it a port of its own.
+    "SPACE_WORKER_METRICS_PORT": "0",
 }
 ROWS = 400
 """Tickets per export: 20 batches of 20 rows, about 40 KB in 8 KB chunks."""

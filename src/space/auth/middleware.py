@@ -11,7 +11,7 @@ from space.auth.service import authenticate
 from space.db import UnitOfWork
 
 # Routes anyone may call.
-PUBLIC_PATHS = ["^/health$", "^/schema", "^/schemas/"]
+PUBLIC_PATHS = ["^/health$", "^/ready$", "^/metrics$", "^/schema", "^/schemas/"]
 
 
 class BearerAuthentication(AbstractAuthenticationMiddleware):

@@ -148,6 +148,9 @@ class Database:
             pool_size=self.pool_size,
             max_overflow=10,
             pool_pre_ping=True,
+            # An error's text (and so a log line) never carries a statement's parameters: a search's `q`,
+            # ticket content, token hashes (SPEC §16).
+            hide_parameters=True,
             connect_args=connect_args,
         )
         self.sessionmaker = async_sessionmaker(self.engine, expire_on_commit=False, autoflush=False)

@@ -30,6 +30,7 @@ from space.errors import Busy, RangeNotSatisfiable, problem_for
 
 if TYPE_CHECKING:
     from space.exports.service import Download
+from space.observability import metrics
 
 BUSY_RETRY_AFTER = 5
 """Seconds a client is asked to wait when every download slot of the process is taken."""
@@ -141,7 +142,13 @@ def respond(
     served = None if part is None else f"bytes={start}-{end - 1}"
     on_start = None if record is None else functools.partial(record, served, end - start)
     return DownloadStream(
-        body, slots=slots, on_start=on_start, media_type=download.content_type, headers=headers, status_code=status
+        body,
+        slots=slots,
+        on_start=on_start,
+        via=download.via,
+        media_type=download.content_type,
+        headers=headers,
+        status_code=status,
     )
 
 
@@ -177,14 +184,22 @@ class DownloadStream(Stream):
     is sent but the error's answer: a download the audit trail could not record does not happen.
     """
 
-    __slots__ = ("on_start", "slots")
+    __slots__ = ("on_start", "slots", "via")
 
     def __init__(
-        self, content: AsyncIterator[bytes], *, slots: DownloadSlots, on_start: OnStart | None = None, **kwargs: Any
+        self,
+        content: AsyncIterator[bytes],
+        *,
+        slots: DownloadSlots,
+        on_start: OnStart | None = None,
+        via: str = "bearer",
+        **kwargs: Any,
     ) -> None:
         super().__init__(content, **kwargs)
         self.slots = slots
         self.on_start = on_start
+        self.via = via
+        """How the download was authorized (`bearer` or `link`): the label of `space_downloads_total`."""
 
     def to_asgi_response(self, app: Any, request: Request[Any, Any, Any], **kwargs: Any) -> ASGIResponse:
         """The stream's ASGI response inside the slot guard (bodiless for HEAD: Litestar doesn't decide that)."""
@@ -198,13 +213,13 @@ class DownloadStream(Stream):
             )
             return problem_for(error).to_asgi_response(None, request)
 
-        return _InSlot(stream, self.slots, busy, self.on_start)
+        return _InSlot(stream, self.slots, busy, self.on_start, self.via)
 
 
 class _InSlot(ASGIResponse):
     """Sends `stream` while holding a slot, or the busy answer; an ASGIResponse only so Litestar can send it."""
 
-    __slots__ = ("_busy", "_on_start", "_slots", "_stream")
+    __slots__ = ("_busy", "_on_start", "_slots", "_stream", "_via")
 
     def __init__(
         self,
@@ -212,12 +227,14 @@ class _InSlot(ASGIResponse):
         slots: DownloadSlots,
         busy: Callable[[], ASGIResponse],
         on_start: OnStart | None = None,
+        via: str = "bearer",
     ) -> None:
         super().__init__(status_code=stream.status_code)
         self._stream = stream
         self._slots = slots
         self._busy = busy
         self._on_start = on_start
+        self._via = via
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # A HEAD response streams nothing, so it takes no slot.
@@ -227,9 +244,19 @@ class _InSlot(ASGIResponse):
         if not self._slots.take():
             await self._busy()(scope, receive, send)
             return
+        metrics.DOWNLOADS.labels(via=self._via).inc()
+        metrics.DOWNLOADS_IN_FLIGHT.inc()
+
+        async def counted(message: Message) -> None:
+            await send(message)
+            # Counted once handed to the server: a client that goes away midway got only what was sent.
+            if message["type"] == "http.response.body":
+                metrics.DOWNLOAD_BYTES.inc(len(message.get("body", b"")))
+
         try:
             if self._on_start is not None:
                 await self._on_start()
-            await self._stream(scope, receive, send)
+            await self._stream(scope, receive, counted)
         finally:
+            metrics.DOWNLOADS_IN_FLIGHT.dec()
             self._slots.release()

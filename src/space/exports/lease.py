@@ -30,6 +30,7 @@ from space.exports.failures import Deferred, LeaseLost
 from space.exports.ledger import Fence
 from space.exports.models import ExportScope
 from space.exports.storage import ResultKey
+from space.observability import metrics
 from space.webhooks import service as webhooks
 
 log = logging.getLogger("space.exports")
@@ -77,26 +78,33 @@ class Lease:
         """
         fence = Fence(export_id, org_id, uuid.uuid4())
         max_attempts = settings.export_retries
+        lost: str | None = None  # worker_lost: the kind of the export this claim failed instead
         async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
             # The org's claims queue here, so two of them can't both count room for one more.
             await lock_org_claims(uow.session, org_id)
+            expired = await ledger.lease_ran_out(uow.session, export_id, org_id)
             if await ledger.running(uow.session, org_id) >= settings.export_org_concurrency:
-                if await fail_exhausted(uow.session, export_id, org_id, max_attempts=max_attempts):
-                    await webhooks.export_worker_lost(uow, queue, org_id, export_id)
-                    return None
-                if await ledger.claimable(uow.session, export_id, org_id, max_attempts=max_attempts):
+                lost = await fail_exhausted(uow, queue, export_id, org_id, max_attempts=max_attempts)
+                if lost is None and await ledger.claimable(uow.session, export_id, org_id, max_attempts=max_attempts):
                     raise Deferred(f"org {org_id} runs {settings.export_org_concurrency} exports already")
-                return None
-            row = await ledger.claim(
-                uow.session,
-                fence,
-                max_attempts=max_attempts,
-                lease_seconds=settings.export_lease_seconds,
-            )
-            if row is None:
-                if await fail_exhausted(uow.session, export_id, org_id, max_attempts=max_attempts):
-                    await webhooks.export_worker_lost(uow, queue, org_id, export_id)
-                return None
+                row = None
+            else:
+                row = await ledger.claim(
+                    uow.session,
+                    fence,
+                    max_attempts=max_attempts,
+                    lease_seconds=settings.export_lease_seconds,
+                )
+                if row is None:
+                    lost = await fail_exhausted(uow, queue, export_id, org_id, max_attempts=max_attempts)
+        # Counted once committed. A takeover of an expired lease is the one sure sign of a lost one: the lost
+        # worker may be dead and never tell (a fenced write that fails may also be a cancel, not a loss).
+        if expired and (row is not None or lost is not None):
+            metrics.lease_lost()
+        if lost is not None:
+            metrics.export_ended(lost, "worker_lost")
+        if row is None:
+            return None
         return cls(
             db=db,
             settings=settings,
@@ -211,12 +219,17 @@ class Lease:
         self.check()
 
 
-async def fail_exhausted(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID, *, max_attempts: int) -> bool:
-    """Fail `worker_lost` a claimable export that has used all its attempts (audited); whether one was."""
-    if not await ledger.fail_exhausted(session, export_id, org_id, max_attempts=max_attempts):
-        return False
-    await record_failure(session, export_id, org_id, "worker_lost")
-    return True
+async def fail_exhausted(
+    uow: UnitOfWork, queue: Queue | None, export_id: uuid.UUID, org_id: uuid.UUID, *, max_attempts: int
+) -> str | None:
+    """Fail `worker_lost` a claimable export that has used all its attempts, audited and with its `export.failed`
+    webhooks owed in the same transaction (enqueued on `queue` after it); its kind if one was, else None."""
+    kind = await ledger.fail_exhausted(uow.session, export_id, org_id, max_attempts=max_attempts)
+    if kind is None:
+        return None
+    await record_failure(uow.session, export_id, org_id, "worker_lost")
+    await webhooks.export_worker_lost(uow, queue, org_id, export_id)
+    return kind
 
 
 async def record_failure(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID, code: str) -> None:

@@ -347,8 +347,26 @@ async def waiting(session: AsyncSession, org_id: uuid.UUID, limit: int) -> list[
     return list(rows)
 
 
-async def fail_exhausted(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID, *, max_attempts: int) -> bool:
-    """Fail `worker_lost` a claimable export that has used all its attempts; whether one was."""
+async def lease_ran_out(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID) -> bool:
+    """Whether the export is running under a lease that has run out, locking its row until commit.
+
+    A claim (or `worker_lost`) that follows in the same transaction then ends an execution that lost its lease:
+    what `space_lease_lost_total` counts. The claim would lock the row anyway; this takes the same lock (FOR NO
+    KEY UPDATE, which chunk inserts' KEY SHARE does not wait for) a moment earlier, so nothing changes the row
+    between this answer and the claim.
+    """
+    expired = await session.scalar(
+        select(and_(ExportJob.state == ExportState.running.value, ExportJob.lease_expires_at < _now()))
+        .where(ExportJob.id == export_id, ExportJob.org_id == org_id)
+        .with_for_update(key_share=True)
+    )
+    return bool(expired)
+
+
+async def fail_exhausted(
+    session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID, *, max_attempts: int
+) -> str | None:
+    """Fail `worker_lost` a claimable export that has used all its attempts; its kind if one was, else None."""
     result = await session.execute(
         update(ExportJob)
         .where(
@@ -359,10 +377,11 @@ async def fail_exhausted(session: AsyncSession, export_id: uuid.UUID, org_id: uu
             _claimable(),
         )
         .values(**failed("worker_lost"))
-        .returning(ExportJob.id)
+        .returning(ExportJob.kind)
         .execution_options(synchronize_session=False)
     )
-    return result.first() is not None
+    kind: str | None = result.scalar()
+    return kind
 
 
 async def fenced(session: AsyncSession, fence: Fence, **values: Any) -> bool:
@@ -415,6 +434,25 @@ def completed(
         "sha256": sha256,
         "lease_expires_at": None,
     }
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """The export queue over every org, as the ledger has it now (SPEC §16's gauges)."""
+
+    waiting: int
+    """Queued, or running under a lease that ran out (claimable again)."""
+    running: int
+    """Running under a live lease."""
+    oldest_waiting_seconds: float | None
+    """Age of the oldest waiting export; None when none waits."""
+
+
+async def queue_stats(session: AsyncSession) -> QueueStats:
+    """Exports waiting and running over every org (0012's definer function: counts only)."""
+    row = (await session.execute(text("SELECT * FROM space_exports_queue_stats()"))).one()
+    oldest = None if row.oldest_waiting_seconds is None else float(row.oldest_waiting_seconds)
+    return QueueStats(waiting=int(row.waiting), running=int(row.running), oldest_waiting_seconds=oldest)
 
 
 # --- maintenance -----------------------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from space.exports.lease import fail_exhausted
 from space.exports.models import ExportState
 from space.exports.queue import enqueue_export
 from space.exports.storage import ResultKey, ResultStore
+from space.observability import metrics
 from space.orgs import service as orgs
-from space.webhooks import service as webhooks
 
 log = logging.getLogger("space.exports")
 
@@ -60,9 +60,12 @@ async def reconcile(settings: Settings, db: Database, queue: Queue, limit: int =
     for export_id, org_id, state, attempt in candidates:
         if state == ExportState.running.value and attempt >= settings.export_retries:
             async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
-                if await fail_exhausted(uow.session, export_id, org_id, max_attempts=settings.export_retries):
-                    await webhooks.export_worker_lost(uow, queue, org_id, export_id)
-                    failed += 1
+                kind = await fail_exhausted(uow, queue, export_id, org_id, max_attempts=settings.export_retries)
+            if kind is not None:
+                failed += 1
+                # A running export whose lease ran out: its last execution lost it.
+                metrics.lease_lost()
+                metrics.export_ended(kind, "worker_lost")
             continue
         orgs[org_id] = None
     requeued = 0

@@ -33,6 +33,7 @@ from space.exports.formats import Batch, Format, Snapshot, TicketsCsv
 from space.exports.lease import HAND_BACK_SECONDS, Built, Lease
 from space.exports.models import ExportKind, ExportScope, ExportState
 from space.exports.storage import ChunkWriter, ResultStore
+from space.observability import logs, metrics
 from space.orgs import service as orgs
 from space.orgs.models import OrgState, Role
 from space.webhooks import service as webhooks
@@ -71,13 +72,25 @@ async def run_export(runner: ExportRunner, export_id: uuid.UUID, org_id: uuid.UU
     Business failures (limits, access, org state, timeout) are final and written fenced. Any other error
     gives the export back and re-raises so SAQ retries, except on the last attempt, which fails it.
     """
+    # Every log line of the run names the export (SPEC §16), and once claimed its execution and attempt.
+    with logs.bound(export_id=str(export_id), org_id=str(org_id)):
+        outcome = await _run(runner, export_id, org_id, gate)
+    return outcome
+
+
+async def _run(runner: ExportRunner, export_id: uuid.UUID, org_id: uuid.UUID, gate: Gate) -> str:
+    started = asyncio.get_running_loop().time()
     try:
         lease = await Lease.claim(runner.db, runner.settings, export_id, org_id, queue=runner.queue)
     except Deferred:
+        log.info("export deferred: its org runs its limit of exports")
         return "deferred"
     if lease is None:
         return "not_claimed"
+    logs.bind(execution_id=str(lease.execution_id), attempt=lease.attempt)
+    log.info("export claimed", extra={"kind": lease.kind})
     await gate("claimed", lease)
+    built: Built | None = None
     async with lease.kept(runner.job):
         try:
             built = await build(runner, lease, gate)
@@ -106,9 +119,27 @@ async def run_export(runner: ExportRunner, export_id: uuid.UUID, org_id: uuid.UU
                 with contextlib.suppress(Exception):
                     await lease.hand_back()
                 raise
+    _report(lease, outcome, asyncio.get_running_loop().time() - started, built)
     # Everything after this point (reporting to the queue) may fail without touching the ledger.
     await gate("finished", lease)
     return outcome
+
+
+def _report(lease: Lease, outcome: str, seconds: float, built: Built | None) -> None:
+    """The run's log line and metrics, once its outcome is in the ledger."""
+    if outcome == "lease_lost":
+        # Another execution took the export, or it was cancelled: the one that ends it reports it.
+        log.warning("export run stopped: its execution no longer owns the export")
+        return
+    if outcome == ExportState.completed.value and built is not None:
+        metrics.export_completed(lease.kind, seconds, built.row_count, built.byte_size)
+        log.info(
+            "export completed",
+            extra={"kind": lease.kind, "rows": built.row_count, "bytes": built.byte_size, "seconds": round(seconds, 3)},
+        )
+        return
+    metrics.export_ended(lease.kind, outcome)
+    log.warning("export failed", extra={"kind": lease.kind, "error_code": outcome})
 
 
 async def check(session: AsyncSession, lease: Lease, org_state: str | None) -> uuid.UUID:

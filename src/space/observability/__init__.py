@@ -1,0 +1,1 @@
+"""Operations (SPEC §16): readiness, Prometheus metrics and structured, redacted logs."""
