@@ -32,6 +32,7 @@ from tests.exports.fixtures import (
     background,
     create_export,
     expire_lease,
+    fail_lease,
     job_row,
     runner,
     tuned,
@@ -161,7 +162,7 @@ async def test_a_refused_claim_wakes_its_org_once_its_queue_entry_has_finished(
         entry = await queue.job(waiting["id"])
         assert entry is not None
         assert await run_export(runner(settings, db), uid(waiting["id"]), oid) == "deferred"
-        await lease.fail("too_large")  # the running one ends; its own wake-up would find `waiting`'s key taken
+        await fail_lease(lease, "too_large")  # the running one ends; its own wake-up would find `waiting`'s key taken
         assert not await enqueue_export(queue, settings, uid(waiting["id"]), oid)
         await entry.finish(Status.COMPLETE, result="deferred")
         ctx: dict[str, Any] = {"settings": settings, "db": db, "worker": SimpleNamespace(queue=queue), "job": entry}

@@ -35,6 +35,7 @@ from tests.exports.fixtures import (
     create_export,
     download,
     expire_lease,
+    fail_lease,
     job_row,
     parse_csv,
     runner,
@@ -53,7 +54,7 @@ async def _stale_writes_refused(db: Database, settings: Settings, lease_a: Lease
     with pytest.raises(LeaseLost):
         await lease_a.report_progress(50)
     with pytest.raises(LeaseLost):
-        await lease_a.fail("too_large")
+        await fail_lease(lease_a, "too_large")
     with pytest.raises(LeaseLost):
         await lease_a.renew()
     with pytest.raises(LeaseLost):

@@ -37,6 +37,7 @@ from space.orgs.jobs import purge_org
 from tests.exports.fixtures import create_export, runner, tuned, uid, wait_for
 from tests.exports.s3_fixtures import AWS_ENV, BUCKET, S3Server, s3_settings, store_for
 from tests.helpers import Api, Org, UserFactory, assert_problem
+from tests.observability.scrape import delta, scrape
 
 MIB = 1024 * 1024
 PART_BYTES = 8 * MIB
@@ -138,6 +139,40 @@ async def test_multipart_result_redirects_to_a_presigned_get_with_headers_and_ra
         assert part.content == whole.content[PART_BYTES - 10 : PART_BYTES + 10]
         tail = await http.get(location, headers={"Range": "bytes=-100"})
         assert tail.status_code == 206 and tail.content == whole.content[-100:]
+
+
+async def test_the_redirect_keeps_conditional_requests_the_audit_and_the_metrics(
+    s3api: Api, s3set: Settings, db: Database, owner: psycopg.Connection[Any]
+) -> None:
+    org = await s3api.org()
+    seed_tickets(owner, org, 500)
+    done = await completed_csv(s3api, s3set, db, org)
+    path = org.path(f"/exports/{done['id']}/result")
+    etag = f'"{done["sha256"]}"'
+    before = await scrape(s3api.client)
+
+    # If-None-Match is answered by the API (SPEC §11), before any hand-over, and records nothing.
+    r = await s3api.call("GET", path, org.member, headers={"If-None-Match": etag}, follow_redirects=False)
+    assert r.status_code == 304 and r.content == b""
+    # A range by bearer, then the whole file through a link: each a 303 with the export's ETag.
+    r = await s3api.call("GET", path, org.member, headers={"Range": "bytes=10-19"}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["etag"] == etag
+    minted = await s3api.call("POST", org.path(f"/exports/{done['id']}/links"), org.member)
+    assert minted.status_code == 201, minted.text
+    r = await s3api.client.get(minted.json()["url"], follow_redirects=False)
+    assert r.status_code == 303 and r.headers.get_list("referrer-policy") == ["no-referrer"]
+    # HEAD hands nothing over.
+    assert (await s3api.client.head(minted.json()["url"], follow_redirects=False)).status_code == 303
+
+    after = await scrape(s3api.client)
+    assert delta(before, after, "space_downloads_total", via="bearer") == 1
+    assert delta(before, after, "space_downloads_total", via="link") == 1
+    trail = await s3api.call("GET", org.path("/audit"), org.owner)
+    downloads = [i["details"] for i in trail.json()["items"] if i["action"] == "export.downloaded"][::-1]
+    assert downloads == [
+        {"via": "bearer", "range": "bytes=10-19", "bytes": 10},
+        {"via": "link", "range": None, "bytes": done["byteSize"]},
+    ]
 
 
 def _sigv4_matches(url: str, secret: str) -> bool:

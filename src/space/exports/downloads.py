@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from litestar import Request, Response
-from litestar.response import Stream
+from litestar.response import Redirect, Stream
 from litestar.response.base import ASGIResponse
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -34,6 +34,8 @@ from space.observability import metrics
 
 BUSY_RETRY_AFTER = 5
 """Seconds a client is asked to wait when every download slot of the process is taken."""
+REDIRECT_HEADERS = {"Cache-Control": "private, no-store", "Referrer-Policy": "no-referrer"}
+"""A 303 to a presigned URL: neither it nor its Location may be kept by a cache or sent on as a Referer."""
 
 
 class DownloadSlots:
@@ -112,10 +114,16 @@ Recorder = Callable[[str | None, int], Awaitable[None]]
 """Records a download as it starts, given the range served (`bytes=a-b`, or None for the whole) and its bytes."""
 
 
-def respond(
-    download: Download, request: Request[Any, Any, Any], slots: DownloadSlots, record: Recorder | None = None
+async def respond(
+    download: Download,
+    request: Request[Any, Any, Any],
+    slots: DownloadSlots,
+    record: Recorder | None = None,
+    *,
+    redirect: str | None = None,
 ) -> Response[Any]:
-    """The answer to an authorized GET or HEAD of a result: 304, 206, 200 (or RangeNotSatisfiable).
+    """The answer to an authorized GET or HEAD of a result: 304, 206, 200, a 303 to `redirect` when the object
+    store serves the bytes (SPEC §15), or RangeNotSatisfiable.
 
     Runs only after SPEC §6's authorization, so no conditional or range answer ever bypasses it. A range is
     read from the store as it is (an offset is a chunk number and a position in it): only the parts it covers.
@@ -135,11 +143,18 @@ def respond(
     start, end, status = (0, size, 200) if part is None else (part.start, part.end, 206)
     if part is not None:
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    served = None if part is None else f"bytes={start}-{end - 1}"
+    if redirect is not None:
+        # The store answers the range itself; the trail and the counter record the hand-over as it happens.
+        if request.method != "HEAD":
+            if record is not None:
+                await record(served, end - start)
+            metrics.DOWNLOADS.labels(via=download.via).inc()
+        return Redirect(redirect, status_code=303, headers={**REDIRECT_HEADERS, "ETag": etag})
     headers["Content-Length"] = str(end - start)
     # Litestar leaves Content-Type out of a HEAD response; SPEC §11 wants GET's headers, so it is set here.
     headers["Content-Type"] = download.content_type
     body = _nothing() if request.method == "HEAD" else download.body(start, end)
-    served = None if part is None else f"bytes={start}-{end - 1}"
     on_start = None if record is None else functools.partial(record, served, end - start)
     return DownloadStream(
         body,
@@ -169,7 +184,10 @@ def no_referrer_for_links(app: ASGIApp) -> ASGIApp:
 
         async def send_no_referrer(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"referrer-policy", b"no-referrer")]
+                headers = list(message.get("headers", []))
+                if not any(name.lower() == b"referrer-policy" for name, _ in headers):
+                    headers.append((b"referrer-policy", b"no-referrer"))
+                message["headers"] = headers
             await send(message)
 
         await app(scope, receive, send_no_referrer)

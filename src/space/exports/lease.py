@@ -154,13 +154,9 @@ class Lease:
         """Write progress now; it renews the lease as well."""
         await self._write(progress=progress, **ledger.renewed(self.settings.export_lease_seconds))
 
-    async def fail(self, code: str) -> None:
-        """Mark the export failed with `code` (a stale execution's failure changes nothing)."""
-        async with UnitOfWork(self.db.sessionmaker, Tenant(org_id=self.org_id)) as uow:
-            await self.fail_in(uow.session, code)
-
     async def fail_in(self, session: AsyncSession, code: str) -> None:
-        """`fail`, inside the caller's transaction (the publish step, under the org lock); audited with it."""
+        """Mark the export failed with `code` inside the caller's transaction (the pipeline's, which owes the
+        `export.failed` webhooks in it too); audited with it. A stale execution's failure changes nothing."""
         await self.write_in(session, **ledger.failed(code))
         await record_failure(session, self.export_id, self.org_id, code)
 
@@ -228,7 +224,7 @@ async def fail_exhausted(
     if kind is None:
         return None
     await record_failure(uow.session, export_id, org_id, "worker_lost")
-    await webhooks.export_worker_lost(uow, queue, org_id, export_id)
+    await webhooks.export_worker_lost(uow, queue, org_id, export_id, kind)
     return kind
 
 

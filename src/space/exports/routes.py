@@ -14,7 +14,6 @@ from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, JSONBody, QueryParameter
-from litestar.response import Redirect
 from saq import Queue
 
 from space.audit import service as audit
@@ -272,9 +271,4 @@ class ExportController(Controller):
                 ip=ctx.ip,
             )
 
-        if (url := await download.redirect_url()) is not None:
-            # S3 (SPEC §15): the store serves the bytes, ranges included; the trail records the hand-over.
-            if request.method != "HEAD":
-                await record(None, download.byte_size)
-            return Redirect(url, status_code=303, headers=service.REDIRECT_HEADERS)
-        return respond(download, request, slots, record)
+        return await respond(download, request, slots, record, redirect=await download.redirect_url())

@@ -62,8 +62,6 @@ LIST_LIMIT = 200
 """The newest exports a list shows."""
 CANCELLED_BY_ADMIN = "cancelled_by_admin"
 ACCESS_REVOKED = "access_revoked"
-REDIRECT_HEADERS = {"Cache-Control": "private, no-store", "Referrer-Policy": "no-referrer"}
-"""A 303 to a presigned URL: neither it nor its Location may be kept by a cache or sent on as a Referer."""
 
 
 def export_out(job: ExportJob, *, can_download: bool) -> Export:

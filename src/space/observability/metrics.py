@@ -46,7 +46,9 @@ LEASE_LOST = Counter(
     "space_lease_lost",
     "Executions whose lease ran out before they finished (found by the claim that took over, or by worker_lost).",
 )
-DOWNLOADS = Counter("space_downloads", "Downloads that started streaming, by how they were authorized.", ["via"])
+DOWNLOADS = Counter(
+    "space_downloads", "Downloads that started (streamed, or handed to the object store), by how authorized.", ["via"]
+)
 DOWNLOAD_BYTES = Counter("space_download_bytes", "Result bytes sent to downloading clients.")
 DOWNLOADS_IN_FLIGHT = Gauge("space_downloads_in_flight", "Downloads streaming now in this process.")
 
