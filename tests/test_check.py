@@ -100,6 +100,7 @@ NAMES = {
     "maintenance functions",
     "queue",
     "clock",
+    "signing key",
 }
 
 
@@ -125,6 +126,20 @@ def test_force_off_on_one_table_is_red_and_names_the_fix(deployment: Deployment)
     assert code != 0, output
     assert _failing(lines) == {"row level security"}, output
     assert "ALTER TABLE public.tickets FORCE ROW LEVEL SECURITY" in lines["row level security"], output
+
+
+def test_a_missing_signing_key_is_red_and_names_the_fix(deployment: Deployment) -> None:
+    with deployment.owner() as conn:
+        kept = conn.execute("SELECT id, secret FROM signing_keys").fetchall()
+        conn.execute("DELETE FROM signing_keys")
+        try:
+            code, lines, output = _check(deployment)
+        finally:
+            for row in kept:
+                conn.execute("INSERT INTO signing_keys (id, secret) VALUES (%s, %s)", row)
+    assert code != 0, output
+    assert _failing(lines) == {"signing key"}, output
+    assert "space migrate" in lines["signing key"], output
 
 
 def test_bypassrls_on_the_app_role_is_red_and_names_the_fix(deployment: Deployment) -> None:

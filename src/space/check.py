@@ -49,17 +49,22 @@ READ_ONLY = "-c default_transaction_read_only=on"
 
 # SECURITY DEFINER functions through which the app role reads across orgs (ids only). They run as their
 # owner, and under FORCE RLS an owner that neither is superuser nor has BYPASSRLS sees no row at all: the
-# reconciler and the cleanup would then find nothing, silently. The purge's function has its own policy.
-MAINTENANCE_FUNCTIONS = (
-    "space_maintenance_due_purges(integer)",
-    "space_exports_reconcile_candidates(integer)",
-    "space_exports_expired_results(integer)",
-    "space_exports_orphan_executions(integer)",
-    "space_webhooks_due_deliveries(integer, interval)",
-)
+# reconciler and the cleanup would then find nothing, silently. Some have a policy of their own. Each maps to
+# a call that proves the app role may run it and returns nothing (None: it writes, and the check only reads).
+MAINTENANCE_FUNCTIONS: dict[str, str | None] = {
+    "space_maintenance_due_purges(integer)": "space_maintenance_due_purges(0)",
+    "space_exports_reconcile_candidates(integer)": "space_exports_reconcile_candidates(0)",
+    "space_exports_expired_results(integer)": "space_exports_expired_results(0)",
+    "space_exports_orphan_executions(integer)": "space_exports_orphan_executions(0)",
+    "space_webhooks_due_deliveries(integer, interval)": "space_webhooks_due_deliveries(0)",
+    "space_exports_queue_stats()": "space_exports_queue_stats()",
+    # The purge of an org's audit trail deletes: the catalogue check (owner, grant, policy) only.
+    "space_audit_purge(uuid, integer)": None,
+}
 OWN_POLICY = {
     "space_maintenance_due_purges(integer)": ("organizations", "maintenance_due_purges"),
     "space_webhooks_due_deliveries(integer, interval)": ("webhook_deliveries", "maintenance_webhook_deliveries"),
+    "space_audit_purge(uuid, integer)": ("audit_events", "purge_audit"),
 }
 
 
@@ -188,22 +193,9 @@ async def ready_to_serve(settings: Settings) -> None:
     state = await _queue_state(queue_target(settings))
     if not state.usable:
         raise OperatorError(f"{state.problem()}: run `space migrate` (as the owner)")
-    problem = await _result_store_problem(settings)
-    if problem:
-        raise OperatorError(problem)
-
-
-async def _result_store_problem(settings: Settings) -> str | None:
-    """Why the result store can't be used (None: it can, or it is the database, checked above)."""
-    if not settings.result_store.startswith("s3://"):
-        return None
-    from space.exports.s3 import S3Location, StoreUnavailable, check_bucket
-
-    try:
-        await check_bucket(S3Location.parse(settings.result_store))
-    except StoreUnavailable as exc:
-        return f"SPACE_RESULT_STORE: {exc} (check AWS_ENDPOINT_URL, AWS_REGION and the credentials)"
-    return None
+    store = await _result_store(settings)
+    if store is not None and not store.ok:
+        raise OperatorError(f"SPACE_RESULT_STORE: {store.detail} ({store.fix})")
 
 
 async def _schema_present(conn: AsyncConnection) -> bool:
@@ -358,12 +350,12 @@ async def maintenance_functions(p: Probe) -> Result:
     me = str(await conn.scalar(text("SELECT current_user")))
     problems: list[tuple[str, str]] = []
     owners: set[str] = set()
-    for signature in MAINTENANCE_FUNCTIONS:
+    for signature, call in MAINTENANCE_FUNCTIONS.items():
         found = await _function_problems(conn, signature, me, owners)
-        if not found:
+        if not found and call is not None:
             # The grant is there; calling it (LIMIT 0 returns nothing) proves the app role really may.
             try:
-                await conn.execute(text(f"SELECT count(*) FROM {signature.split('(')[0]}(0)"))
+                await conn.execute(text(f"SELECT count(*) FROM {call}"))
             except DBAPIError as exc:
                 found = [(f"{signature}: {_first_line(exc)}", f"GRANT EXECUTE ON FUNCTION {signature} TO {me}")]
         problems += found
@@ -519,12 +511,16 @@ async def clock(p: Probe) -> Result:
 
 async def result_store(p: Probe) -> Result | None:
     """With S3 results (SPACE_RESULT_STORE=s3://...): the bucket answers and takes a write."""
-    if not p.settings.result_store.startswith("s3://"):
-        return None
+    return await _result_store(p.settings)
+
+
+async def _result_store(settings: Settings) -> Result | None:
+    if not settings.result_store.startswith("s3://"):
+        return None  # the database: checked by the lines above
     from space.exports.s3 import S3Location, StoreUnavailable, check_bucket
 
     try:
-        return ok(await check_bucket(S3Location.parse(p.settings.result_store)))
+        return ok(await check_bucket(S3Location.parse(settings.result_store)))
     except StoreUnavailable as exc:
         return fail(
             str(exc),
@@ -532,11 +528,24 @@ async def result_store(p: Probe) -> Result | None:
         )
 
 
+async def signing_key(p: Probe) -> Result:
+    """Download links are signed: by SPACE_SECRET_KEY's keys, or by the one `space migrate` keeps."""
+    if p.settings.secret_key:
+        keys = len(p.settings.secret_key.split(","))
+        return ok(f"SPACE_SECRET_KEY: {keys} key{'s' if keys > 1 else ''} (the first signs)")
+    conn = p.need_app()
+    try:
+        kept = await conn.scalar(text("SELECT count(*) FROM signing_keys"))
+    except DBAPIError as exc:
+        return fail(_first_line(exc), "run `space migrate`")
+    if not kept:
+        return fail("no signing key in the database", "run `space migrate`, or set SPACE_SECRET_KEY")
+    return ok("kept in the database (shared by every API host)")
+
+
 Check = Callable[[Probe], Awaitable[Result | None]]
 
-# In the order they print. Extension point: the signing key (SPACE_SECRET_KEY) and the result store
-# (SPACE_RESULT_STORE) add their checks here once they exist; such a check returns None when its feature is
-# not configured, and then prints no line.
+# In the order they print. A check returns None when its feature is not configured, and then prints no line.
 CHECKS: list[tuple[str, Check]] = [
     ("owner connection", owner_connection),
     ("app connection", app_connection),
@@ -547,6 +556,7 @@ CHECKS: list[tuple[str, Check]] = [
     ("maintenance functions", maintenance_functions),
     ("queue", queue),
     ("clock", clock),
+    ("signing key", signing_key),
     ("result store", result_store),
 ]
 

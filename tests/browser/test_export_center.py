@@ -1,6 +1,6 @@
 """The export center through a real browser, by clicks and typing only (SPEC §17), on the API as it is now.
 
-Scenarios that need download links (§10), oversight (§12) or the archive (§13) are in test_pending_apis.py.
+Scenarios over download links (§10), oversight (§12) and the archive (§13) are in test_links_oversight_archive.py.
 """
 
 from __future__ import annotations

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 import uuid
 
+import pytest
 from litestar.testing import AsyncTestClient
 
 from space.config import Settings
 from space.db import Database
 from space.exports.pipeline import run_export
+from space.observability.metrics import WorkerMetricsServer
 from tests.exports.fixtures import (
     Gate,
     add_tickets,
@@ -137,3 +141,16 @@ async def test_metrics_and_readiness_need_no_token(client: AsyncTestClient) -> N
     samples = await scrape(client)
     assert ("space_exports_queued", frozenset()) in samples
     assert ("space_exports_oldest_queued_seconds", frozenset()) in samples
+
+
+async def test_a_second_worker_on_a_taken_metrics_port_runs_without_it(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = WorkerMetricsServer("127.0.0.1", taken.getsockname()[1])
+        with caplog.at_level(logging.WARNING, logger="space"):
+            server.start(db)  # no exception: the worker goes on building exports
+        server.stop()
+    assert any("SPACE_WORKER_METRICS_PORT" in r.getMessage() for r in caplog.records), caplog.text

@@ -22,7 +22,6 @@ from prometheus_client.registry import Collector
 
 from space.db import Database, UnitOfWork
 from space.exports import ledger
-from space.failures import OperatorError
 
 log = logging.getLogger("space.metrics")
 
@@ -140,7 +139,8 @@ class WorkerMetricsServer:
         self._thread: Any = None
 
     def start(self, db: Database) -> None:
-        """Listen now; raises OperatorError when the port can't be bound."""
+        """Listen now. A port that can't be bound (a second worker on the host with the default port) leaves this
+        worker without its endpoint, with a warning: it still builds exports, which matter more than its metrics."""
         loop = asyncio.get_running_loop()
 
         def refresh() -> None:
@@ -158,10 +158,14 @@ class WorkerMetricsServer:
                 registry=_RefreshingRegistry(refresh),
             )
         except OSError as exc:
-            raise OperatorError(
-                f"cannot serve the worker's metrics on {self.host}:{self.port}: {exc.strerror or exc}"
-                " (choose another SPACE_WORKER_METRICS_PORT, or 0 for none)"
-            ) from None
+            log.warning(
+                "not serving this worker's metrics on %s:%d: %s (give each worker on a host its own"
+                " SPACE_WORKER_METRICS_PORT, or 0 for none)",
+                self.host,
+                self.port,
+                exc.strerror or exc,
+            )
+            return
         log.info("worker metrics at http://%s:%d/metrics", self.host, self.port)
 
     def stop(self) -> None:

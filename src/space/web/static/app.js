@@ -236,6 +236,8 @@ function renderAll() {
 }
 
 function shownState(x) {
+  // An owner or admin took the result away: still `completed` in the ledger, but there is nothing to download.
+  if (x.state === "completed" && x.errorCode === "export_revoked") return "revoked";
   if (x.state === "completed" && x.expiresAt && Date.parse(x.expiresAt) <= Date.now()) return "expired";
   return x.state;
 }
@@ -311,6 +313,7 @@ function fillRow(li, x, oversight) {
   p.pct.textContent = `${progress} %`;
   let reason = "";
   if (shown === "expired") reason = "This export expired: its file can no longer be downloaded. Request a new one.";
+  else if (shown === "revoked") reason = words.reason(x.errorCode) || "";
   else if (x.state === "failed" || x.state === "cancelled") reason = words.reason(x.errorCode) || "";
   p.why.textContent = reason;
   p.asOf.textContent = x.snapshotAt ? `Data as of ${words.when(x.snapshotAt)}` : "";
@@ -322,12 +325,12 @@ function fillRow(li, x, oversight) {
     p.expiry.textContent = "";
   }
   p.amount.textContent =
-    x.state === "completed" && x.rowCount !== null ? `${words.count(x.rowCount)}, ${words.size(x.byteSize)}` : "";
+    shown === "completed" && x.rowCount !== null ? `${words.count(x.rowCount)}, ${words.size(x.byteSize)}` : "";
   const b = p.buttons;
   b.cancel.hidden = !ACTIVE.has(x.state);
   if (!oversight) {
     b.download.hidden = !(shown === "completed" && x.canDownload);
-    b.again.hidden = !(shown === "expired" || x.state === "failed" || x.state === "cancelled");
+    b.again.hidden = !(shown === "expired" || shown === "revoked" || x.state === "failed" || x.state === "cancelled");
     b.remove.hidden = ACTIVE.has(x.state);
   }
 }

@@ -13,6 +13,7 @@ export const STATES = {
   failed: "Failed",
   cancelled: "Cancelled",
   expired: "Expired",
+  revoked: "Removed by an administrator",
 };
 
 // Why an export ended without a result (its errorCode).
@@ -26,6 +27,7 @@ const EXPORT_REASONS = {
   quota_exceeded: "The organization's storage for exports is full. Delete older exports, then request it again.",
   worker_lost: "The export was interrupted several times and could not finish. Request it again.",
   timeout: "Reading the data took too long. Request it again, perhaps with narrower filters.",
+  export_revoked: "An owner or administrator of the organization removed this export's file. Request a new one if you still need it.",
 };
 
 // What an answer of the API means for the person who asked.

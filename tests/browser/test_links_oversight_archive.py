@@ -1,7 +1,6 @@
-"""Export center scenarios that need the API of SPEC §10 (download links), §12 (oversight, audit) and §13 (archive).
+"""Export center scenarios over SPEC §10 (download links), §12 (oversight, audit) and §13 (archive).
 
-They pass once those sections are merged; on a branch without them they fail (a missing route is a 404 the page
-reports). By clicks and typing only, like test_export_center.py.
+By clicks and typing only, like test_export_center.py.
 """
 
 from __future__ import annotations
@@ -133,3 +132,25 @@ async def test_audit_trail_pages_back(api: Api, open_page: OpenPage) -> None:
     await expect(trail.get_by_text(f"{org.owner.name} suspended the organization")).to_have_count(26)
     # The admin's own view of every export names its creator.
     await expect(org_exports(page).filter(has_text=f"by {org.member.name},")).to_have_count(1)
+
+
+async def test_a_result_an_admin_removed_reads_so_and_offers_a_new_one(
+    api: Api, db: Database, open_page: OpenPage, worker: None
+) -> None:
+    org = await api.org("Revoked Inc")
+    await add_tickets(db, org.id, org.member, ["Soon gone"])
+    page = await open_page("member")
+    await sign_in(page, org.member)
+    await page.get_by_role("button", name="Request export").click()
+    item = my_exports(page).filter(has_text="all tickets")
+    await expect(item.get_by_text("Ready to download")).to_be_visible()
+
+    (export,) = (await api.call("GET", org.path("/exports"), org.member)).json()["items"]
+    r = await api.call("DELETE", org.path(f"/exports/{export['id']}"), org.admin)
+    assert r.status_code == 204, r.text
+    await page.reload()
+    item = my_exports(page).filter(has_text="all tickets")
+    await expect(item.get_by_text("Removed by an administrator")).to_be_visible()
+    await expect(item.get_by_text("removed this export's file")).to_be_visible()
+    await expect(item.get_by_role("button", name="Download")).to_be_hidden()
+    await expect(item.get_by_role("button", name="Request a new one")).to_be_visible()
