@@ -11,7 +11,7 @@ for `space_app` alone. For a migrating role that can't bypass RLS, a DELETE poli
 (`TO CURRENT_USER`) lets the function see and delete the rows of the tenant context it runs in.
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-12-01
 """
 

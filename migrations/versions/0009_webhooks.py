@@ -8,7 +8,7 @@ pinned `search_path`, executable by `space_app` alone; for a migrating role with
 SELECT policy (`TO CURRENT_USER`), as 0002's purge function has.
 
 Revision ID: 0009
-Revises: 0006
+Revises: 0008
 Create Date: 2026-12-01
 """
 

@@ -5,7 +5,7 @@ it is replaced by one that also admits 'archive'. The downgrade refuses while ar
 CHECK would not validate), rather than deleting anyone's exports.
 
 Revision ID: 0010
-Revises: 0006
+Revises: 0009
 Create Date: 2026-12-01
 """
 

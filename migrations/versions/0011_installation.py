@@ -11,7 +11,7 @@ the new name looks, and keep the export from being enqueued again. The ledger is
 reconciler enqueues its queued exports again under the new name.
 
 Revision ID: 0011
-Revises: 0006
+Revises: 0010
 Create Date: 2026-12-01
 """
 

@@ -27,7 +27,7 @@ from space.webhooks.models import EventType
 from space.webhooks.schemas import EventData
 
 FINAL_EXPORT_WINDOW = dt.timedelta(hours=24)
-"""How recent an owner's completed snapshot must be for a deletion request without skipFinalExport."""
+"""How recent an owner's completed snapshot or archive must be for a deletion request without skipFinalExport."""
 OWNERS = frozenset({Role.owner})
 
 
