@@ -353,7 +353,6 @@ class MidRead:
             self.export_id,
             lambda r: r["state"] == "running" and r["attempt"] == self._attempt + 1 and r["progress"] >= 1,
             "the worker's claim and progress",
-            15,
         )
         exec_id = str(row["execution_id"])
         self._placeholder = await self._connect()
