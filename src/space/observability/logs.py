@@ -49,7 +49,8 @@ _PATTERNS = (
     (re.compile(r"""(?i)(\b(?:token|q|authorization)["']?\s*[:=]\s*["']?)""" + _STOP + "+"), r"\1" + REDACTED),
 )
 
-_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+# Record attributes that are not a line's own fields (uvicorn's `color_message` repeats the message with ANSI codes).
+_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName", "color_message"}
 
 
 @contextlib.contextmanager
