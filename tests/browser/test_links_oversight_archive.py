@@ -108,6 +108,10 @@ async def test_owner_exports_everything_first_then_requests_deletion(
     assert (await api.call("GET", org.path(), org.owner)).json()["state"] == "deleting"
     await page.get_by_role("button", name="Cancel deletion").click()
     await expect(page.get_by_role("status")).to_be_hidden()
+    # Active again: the archive can be downloaded again, and the trail shows the deletion and its cancel.
+    await expect(archive.get_by_role("button", name="Download")).to_be_visible()
+    trail = page.get_by_role("region", name="Audit trail")
+    await expect(trail.get_by_role("listitem").first).to_contain_text("cancel")
 
 
 async def test_audit_trail_pages_back(api: Api, open_page: OpenPage) -> None:

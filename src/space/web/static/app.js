@@ -461,6 +461,7 @@ async function lifecycle(run, message) {
     renderOrg();
     notice(message);
     await refresh();
+    if (isOverseer()) await loadAudit(true); // the trail now holds this change
   } catch (error) {
     explain(error);
   }
@@ -481,6 +482,7 @@ async function requestDeletion(skipFinalExport) {
     renderOrg();
     notice("Deletion requested. You can cancel it until the purge.");
     await refresh();
+    if (isOverseer()) await loadAudit(true);
   } catch (error) {
     if (error instanceof ApiError && error.code === "final_export_recommended") {
       $("final-export").hidden = false;
