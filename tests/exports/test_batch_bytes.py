@@ -113,7 +113,7 @@ async def test_csv_cut_inside_a_run_of_equal_width_rows(api: Api, db: Database) 
     # 3.5 records' worth: a record starting under the budget is kept, so a batch holds 4 of them.
     batches = await _read(db, org.id, fmt, 10_000, width * 7 // 2)
     assert [b.rows for b in batches] == [4] * 7 + [2]
-    assert [b.last for b in batches] == numbers[3::4] + [numbers[-1]]
+    assert [b.last for b in batches] == [*numbers[3::4], numbers[-1]]
     assert all(len(b.data) == b.rows * width for b in batches)
     assert b"".join(bytes(b.data) for b in batches) == b"".join(bytes(b.data) for b in whole)
     # Exactly on a record's end: the next record starts at the budget, not under it.
