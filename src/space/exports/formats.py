@@ -471,12 +471,15 @@ class Snapshot:
 def _sized(query: Select[*tuple[Any, ...]], key: Any, width: ColumnElement[int]) -> Select[Any]:
     """A snapshot page: `query` by `key`, LIMIT :limit rows, cut where the running sum of `width` (each row's
     estimated bytes) passes :budget. Its columns: the query's, then `upto`, the bytes up to each row."""
-    page = query.add_columns(width.label("width")).order_by(key).limit(_param("limit")).subquery()
-    data = [c for c in page.c if c.name != "width"]
-    upto = func.sum(page.c.width).over(order_by=page.c.key, rows=(None, 0))
-    sized = select(*data, upto.label("upto"), page.c.width).subquery()
+    # `ord` is the key itself (a uuid), not its text: the window and the outer query then keep the page's index
+    # order without a sort, and the order is the keyset's whatever the collation.
+    extra = ("width", "ord")
+    page = query.add_columns(width.label("width"), key.label("ord")).order_by(key).limit(_param("limit")).subquery()
+    data = [c for c in page.c if c.name not in extra]
+    upto = func.sum(page.c.width).over(order_by=page.c.ord, rows=(None, 0))
+    sized = select(*data, upto.label("upto"), page.c.width, page.c.ord).subquery()
     return (
-        select(*(c for c in sized.c if c.name != "width"))
+        select(*(c for c in sized.c if c.name not in extra))
         .where(sized.c.upto - sized.c.width < _param("budget"))
-        .order_by(sized.c.key)
+        .order_by(sized.c.ord)
     )
