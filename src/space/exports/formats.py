@@ -108,10 +108,6 @@ class Format(Protocol):
         ...
 
 
-def _int(n: int) -> ColumnElement[int]:
-    return literal_column(str(int(n)))
-
-
 def _param(name: str) -> ColumnElement[int]:
     # Cast: psycopg sends a Python int as the smallest type that holds it, so one statement would be
     # prepared once per type.
