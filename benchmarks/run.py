@@ -31,7 +31,13 @@ Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a
    again with SPACE_RESULT_STORE=s3://..., each beside its COPY in the same run; the download follows the 303 to
    the presigned GET (download_seconds covers both requests). Lines `case=s3_...`, also in results/s3.json.
 
-`--phases` picks some of them (`cases,links,fairness,downloads,up,scaling,s3`; default: all).
+9. wide rows (issue 17): 200,000 tickets and, in another org, 200,000 tasks whose titles are 500 four-byte
+   characters (2,000 bytes; `WIDE_TITLES`), seeded set-based like the others; `tickets_csv_wide` and
+   `snapshot_wide` each beside their COPY, in an API and worker pair of their own (warmed up on the small
+   org), so their memory is not another case's high-water mark. Lines `case=..._wide`, also in
+   results/wide.json.
+
+`--phases` picks some of them (`cases,links,fairness,downloads,up,scaling,s3,wide`; default: all).
 
 Prints one line per case (and the fairness line) on stdout and writes them to benchmarks/results/latest.json
 (fairness: results/fairness.json; the download cases: results/downloads.json); progress and the status-route latencies go to stderr (and
@@ -48,6 +54,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -80,7 +87,17 @@ BACKLOG = 20
 """Queued exports of one org in the fairness phase."""
 SMALL_TICKETS = 1_000
 """Tickets of the small org whose export the fairness phase times."""
-PHASES = ("cases", "links", "fairness", "downloads", "up", "scaling", "s3")
+PHASES = ("cases", "links", "fairness", "downloads", "up", "scaling", "s3", "wide")
+WIDE_ROWS = 200_000
+"""Tickets, and tasks, of the wide-row cases."""
+WIDE_CHARS = 500
+"""Characters of a wide title (the API's limit), each of four bytes in UTF-8."""
+
+
+def wide_titles(n: int = 8) -> list[str]:
+    """`n` titles of WIDE_CHARS four-byte characters (emoji, in a fixed pseudo-random order)."""
+    pick = random.Random(17)
+    return ["".join(chr(pick.randrange(0x1F300, 0x1F650)) for _ in range(WIDE_CHARS)) for _ in range(n)]
 
 
 @dataclass
@@ -377,9 +394,15 @@ def copy_rows(url: str, kind: str, org_id: str, out: Path) -> tuple[float, int]:
 
 
 async def separate_processes(
-    url: str, orgs: dict[str, Org], plan: list[tuple[str, str, str]], tmp: Path, **settings: str
+    url: str,
+    orgs: dict[str, Org],
+    plan: list[tuple[str, str, str]],
+    tmp: Path,
+    warm_org: str | None = None,
+    **settings: str,
 ) -> tuple[list[Case], list[str]]:
-    """Each case through `space api` + `space worker` (with these extra settings), beside its COPY."""
+    """Each case through `space api` + `space worker` (with these extra settings), beside its COPY; warmed up on
+    `warm_org` (default: the first case's org)."""
     port = free_port()
     api = spawn("api", url, port, **settings)
     worker = spawn("worker", url, port, **{"SPACE_EXPORT_ROW_LIMIT": str(ARCHIVE_ROW_LIMIT), **settings})
@@ -391,8 +414,9 @@ async def separate_processes(
             # One small unmeasured export of each kind first: pools, lazily imported code and the allocator's
             # arenas are then in place, so the first case's memory is not a fresh process's.
             for role, kind in (("member", "tickets_csv"), ("admin", "snapshot")):
-                warm, _ = await create_and_wait(client, orgs[plan[0][1]], role, kind)
-                await download(client, orgs[plan[0][1]], role, warm["id"], tmp / "warm-up")
+                warm_up = orgs[warm_org or plan[0][1]]
+                warm, _ = await create_and_wait(client, warm_up, role, kind)
+                await download(client, warm_up, role, warm["id"], tmp / "warm-up")
             for name, org_name, kind in plan:
                 org = orgs[org_name]
                 log(f"{name}: COPY ...")
@@ -833,21 +857,26 @@ async def run(
     scaling_orgs: int,
     scaling_tickets: int,
     phases: set[str] | None = None,
-) -> tuple[list[Case], dict[str, Any], dict[str, Any], list[dict[str, Any]], dict[str, Any], list[Case]]:
+) -> tuple[list[Case], dict[str, Any], dict[str, Any], list[dict[str, Any]], dict[str, Any], list[Case], list[Case]]:
     """Every case, in one run against a fresh database."""
     with server() as admin, fresh_database(admin) as url, tempfile.TemporaryDirectory() as tmp:
         _version(url)
-        log(f"seeding {small_tickets} tickets; {tickets} tickets and {tasks} tasks ...")
+        phases = phases or set(PHASES)
         started = time.perf_counter()
-        # The snapshot's rows are its projects (20) and tasks; the default row limit is 1,000,000.
-        orgs = await seed(
-            url,
-            {
-                "Bench100k": (small_tickets, 0),
-                "Bench1M": (tickets, tasks - PROJECTS),
-                "BenchSmall": (SMALL_TICKETS, 0),
-            },
-        )
+        orgs: dict[str, Org] = {}
+        if phases - {"wide"}:
+            log(f"seeding {small_tickets} tickets; {tickets} tickets and {tasks} tasks ...")
+            # The snapshot's rows are its projects (20) and tasks; the default row limit is 1,000,000.
+            orgs = await seed(
+                url,
+                {
+                    "Bench100k": (small_tickets, 0),
+                    "Bench1M": (tickets, tasks - PROJECTS),
+                    "BenchSmall": (SMALL_TICKETS, 0),
+                },
+            )
+        else:
+            orgs = await seed(url, {"BenchSmall": (SMALL_TICKETS, 0)})
         log(f"seeded and vacuumed in {time.perf_counter() - started:.1f} s")
         plan = [
             (f"tickets_csv_{_size(small_tickets)}", "Bench100k", "tickets_csv"),
@@ -855,13 +884,13 @@ async def run(
             (f"snapshot_{_size(tasks)}", "Bench1M", "snapshot"),
             (f"archive_{_size(tickets)}", "Bench1M", "archive"),
         ]
-        phases = phases or set(PHASES)
         cases: list[Case] = []
         fair: dict[str, Any] = {}
         latency: dict[str, Any] = {}
         many: list[dict[str, Any]] = []
         scaled: dict[str, Any] = {}
         s3: list[Case] = []
+        wide: list[Case] = []
         if phases & {"cases", "links", "up"}:
             cases, cases_export_ids = await separate_processes(url, orgs, plan, Path(tmp))
         if "links" in phases:
@@ -885,7 +914,37 @@ async def run(
                 s3, _ = await separate_processes(
                     url, orgs, s3_plan, Path(tmp), SPACE_RESULT_STORE=f"s3://{S3_BUCKET}/results"
                 )
-    return cases, fair, latency, many, scaled, s3
+        if "wide" in phases:
+            wide = await wide_rows(url, orgs, Path(tmp))
+    return cases, fair, latency, many, scaled, s3, wide
+
+
+async def wide_rows(url: str, orgs: dict[str, Org], tmp: Path) -> list[Case]:
+    """The wide-row cases: WIDE_ROWS tickets and WIDE_ROWS tasks of 2,000-byte titles, each beside its COPY."""
+    log(f"wide rows: seeding {WIDE_ROWS} tickets and {WIDE_ROWS} tasks of {WIDE_CHARS * 4}-byte titles ...")
+    started = time.perf_counter()
+    titles = wide_titles()
+    settings = load_settings({}, database_url=url)
+    assert settings.database_url
+    db = Database(app_url(settings.database_url), application_name="space-bench-seed")
+    try:
+        people = await asyncio.gather(
+            seed_org(db, "BenchWideTickets", tickets=WIDE_ROWS, tasks=0, titles=titles),
+            # The snapshot's rows are its projects (space.demo makes 20) and their tasks: WIDE_ROWS in all.
+            seed_org(db, "BenchWideTasks", tickets=0, tasks=WIDE_ROWS - PROJECTS, titles=titles),
+        )
+    finally:
+        await db.dispose()
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name, seeded in zip(("BenchWideTickets", "BenchWideTasks"), people, strict=True):
+            row = conn.execute("SELECT id FROM organizations WHERE name = %s", (name,)).fetchone()
+            assert row is not None
+            orgs[name] = Org(str(row[0]), {p.role: p.token for p in seeded})
+        conn.execute("VACUUM ANALYZE")
+    log(f"seeded and vacuumed in {time.perf_counter() - started:.1f} s")
+    plan = [("tickets_csv_wide", "BenchWideTickets", "tickets_csv"), ("snapshot_wide", "BenchWideTasks", "snapshot")]
+    cases, _ = await separate_processes(url, orgs, plan, tmp, warm_org="BenchSmall")
+    return cases
 
 
 async def run_links(tickets: int) -> dict[str, Any]:
@@ -936,7 +995,7 @@ def main(argv: list[str] | None = None) -> None:
         print(" ".join(f"{k}={_fmt(v)}" for k, v in scaled.items()))
         (RESULTS / "workers_scaling.json").write_text(json.dumps(scaled, indent=2) + "\n")
         return
-    cases, fair, latency, many, scaled, s3 = asyncio.run(
+    cases, fair, latency, many, scaled, s3, wide = asyncio.run(
         run(args.tickets, args.small_tickets, args.tasks, args.scaling_orgs, args.scaling_tickets, phases)
     )
     for case in cases:
@@ -947,7 +1006,7 @@ def main(argv: list[str] | None = None) -> None:
         print(" ".join(f"{k}={_fmt(v)}" for k, v in line.items()))
     if scaled:
         print(" ".join(f"{k}={_fmt(v)}" for k, v in scaled.items()))
-    for case in s3:
+    for case in [*s3, *wide]:
         print(case.line())
     # Only what this run measured is written: a run of some phases leaves the others' files as they were.
     if "cases" in phases:
@@ -962,6 +1021,8 @@ def main(argv: list[str] | None = None) -> None:
         (RESULTS / "workers_scaling.json").write_text(json.dumps(scaled, indent=2) + "\n")
     if s3:
         (RESULTS / "s3.json").write_text(json.dumps([asdict(c) for c in s3], indent=2) + "\n")
+    if wide:
+        (RESULTS / "wide.json").write_text(json.dumps([asdict(c) for c in wide], indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     export_timeout_seconds: PositiveFloat = 60
     export_batch_rows: PositiveInt = 10_000
     """Rows read per keyset batch by the export worker."""
+    export_batch_bytes: PositiveInt = 2 * 1024 * 1024
+    """Bytes of output per keyset batch (in bytes): a batch of wide rows ends here, whatever its row count."""
     export_chunk_bytes: PositiveInt = 4 * 1024 * 1024
     """Size of one stored result chunk, in bytes."""
     export_retries: PositiveInt = 3
@@ -111,6 +113,7 @@ ENV_VARS: dict[str, str] = {
     "SPACE_EXPORT_RATE_LIMIT": "export_rate_limit",
     "SPACE_EXPORT_TIMEOUT_SECONDS": "export_timeout_seconds",
     "SPACE_EXPORT_BATCH_ROWS": "export_batch_rows",
+    "SPACE_EXPORT_BATCH_BYTES": "export_batch_bytes",
     "SPACE_EXPORT_CHUNK_BYTES": "export_chunk_bytes",
     "SPACE_EXPORT_RETRIES": "export_retries",
     "SPACE_DELETION_GRACE_SECONDS": "deletion_grace_seconds",

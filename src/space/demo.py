@@ -62,9 +62,17 @@ async def _user(db: Database, email: str, name: str) -> tuple[uuid.UUID, str]:
 
 
 async def seed_org(
-    db: Database, name: str, *, tickets: int, tasks: int, progress: Progress | None = None
+    db: Database,
+    name: str,
+    *,
+    tickets: int,
+    tasks: int,
+    progress: Progress | None = None,
+    titles: list[str] | None = None,
 ) -> list[DemoUser]:
-    """Create org `name` with one person per role, projects, tasks and tickets; return the people's tokens."""
+    """Create org `name` with one person per role, projects, tasks and tickets; return the people's tokens.
+
+    `titles` replaces the tricky titles of tasks and tickets (the benchmark's wide rows)."""
     slug = name.lower()
     people: dict[str, uuid.UUID] = {}
     out: list[DemoUser] = []
@@ -86,8 +94,10 @@ async def seed_org(
     creators = [people[k] for k, _ in ROLES]
     # Tasks and tickets are independent: two connections fill them side by side.
     await asyncio.gather(
-        bulk_projects_and_tasks(db, org_id, projects=max(1, min(20, tasks // 10 or 1)), tasks=tasks, progress=progress),
-        bulk_tickets(db, org_id, tickets, creators=creators, assignees=staff, progress=progress),
+        bulk_projects_and_tasks(
+            db, org_id, projects=max(1, min(20, tasks // 10 or 1)), tasks=tasks, progress=progress, titles=titles
+        ),
+        bulk_tickets(db, org_id, tickets, creators=creators, assignees=staff, progress=progress, titles=titles),
     )
     return out
 
@@ -100,6 +110,7 @@ async def bulk_projects_and_tasks(
     tasks: int,
     progress: Progress | None = None,
     batch: int = 100_000,
+    titles: list[str] | None = None,
 ) -> None:
     """Insert `projects` projects and `tasks` tasks spread over them."""
     async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
@@ -123,7 +134,13 @@ async def bulk_projects_and_tasks(
                     " ELSE date '2026-01-01' + (i % 365) END"
                     " FROM generate_series(CAST(:start AS int), CAST(:stop AS int)) AS i JOIN p ON p.k = i % CAST(:projects AS int)"
                 ),
-                {"org": org_id, "titles": TRICKY_TITLES, "start": done + 1, "stop": done + n, "projects": projects},
+                {
+                    "org": org_id,
+                    "titles": titles or TRICKY_TITLES,
+                    "start": done + 1,
+                    "stop": done + n,
+                    "projects": projects,
+                },
             )
         done += n
         if progress:
@@ -139,6 +156,7 @@ async def bulk_tickets(
     assignees: list[uuid.UUID],
     progress: Progress | None = None,
     batch: int = 100_000,
+    titles: list[str] | None = None,
 ) -> None:
     """Append `count` tickets with tricky titles, numbered after the org's last number."""
     done = 0
@@ -164,7 +182,7 @@ async def bulk_tickets(
                     "org": org_id,
                     "start": start,
                     "n": n,
-                    "titles": TRICKY_TITLES,
+                    "titles": titles or TRICKY_TITLES,
                     "statuses": STATUSES,
                     "priorities": PRIORITIES,
                     "creators": creators,

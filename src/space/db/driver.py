@@ -17,7 +17,9 @@ async def driver_connection(source: AsyncSession | AsyncConnection) -> psycopg.A
     """The psycopg connection under a session (inside its open transaction) or under a pooled connection."""
     connection = await source.connection() if isinstance(source, AsyncSession) else source
     raw = await connection.get_raw_connection()
-    return cast(psycopg.AsyncConnection[Any], raw.driver_connection)
+    # Through the adapter, not the pool's record: a connection detached from its pool (the export read's) has none.
+    adapted: Any = raw.dbapi_connection
+    return cast(psycopg.AsyncConnection[Any], adapted.driver_connection)
 
 
 def compiled(session: AsyncSession, stmt: ClauseElement) -> tuple[str, dict[str, Any]]:

@@ -34,7 +34,7 @@ import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession
 from zipstream import ZIP_STORED, ZipStream
 
-from space.exports.formats import Batch, Format, Id, Snapshot, SnapshotDocument, Stamp, TicketsCsv, rfc3339
+from space.exports.formats import BATCH_BYTES, Batch, Format, Id, Snapshot, SnapshotDocument, Stamp, TicketsCsv, rfc3339
 from space.tickets.filters import TicketFilters
 
 SNAPSHOT_MEMBER = "snapshot.json"
@@ -116,10 +116,12 @@ class _Feed:
             yield piece
 
 
-async def _pieces(fmt: Format, session: AsyncSession, size: int, snapshot_at: dt.datetime) -> AsyncGenerator[Batch]:
+async def _pieces(
+    fmt: Format, session: AsyncSession, bounds: tuple[int, int], snapshot_at: dt.datetime
+) -> AsyncGenerator[Batch]:
     yield Batch(rows=0, last=None, data=fmt.header(snapshot_at))
     # Closed with this generator: a format's reads (their cursors, a read-ahead task) end before the transaction.
-    async with contextlib.aclosing(fmt.batches(session, size)) as batches:  # type: ignore[type-var]
+    async with contextlib.aclosing(fmt.batches(session, *bounds)) as batches:  # type: ignore[type-var]
         async for batch in batches:
             yield batch
     yield Batch(rows=0, last=None, data=fmt.footer())
@@ -146,14 +148,17 @@ class Archive:
         self.snapshot_at = snapshot_at
         return b""
 
-    async def batches(self, session: AsyncSession, size: int) -> AsyncIterator[Batch]:
-        """The ZIP's bytes as they are made, members streamed from the snapshot transaction in turn."""
+    async def batches(self, session: AsyncSession, size: int, budget: int = BATCH_BYTES) -> AsyncIterator[Batch]:
+        """The ZIP's bytes as they are made, members streamed from the snapshot transaction in turn (each read in
+        batches of at most `size` rows and about `budget` bytes)."""
         assert self.snapshot_at is not None, "header() gives the snapshot's moment first"
         snapshot_at = self.snapshot_at
         feed = _Feed()
         members = [
-            _Member(SNAPSHOT_MEMBER, "application/json", _pieces(self.snapshot, session, size, snapshot_at)),
-            _Member(TICKETS_MEMBER, "text/csv; charset=utf-8", _pieces(self.tickets, session, size, snapshot_at)),
+            _Member(SNAPSHOT_MEMBER, "application/json", _pieces(self.snapshot, session, (size, budget), snapshot_at)),
+            _Member(
+                TICKETS_MEMBER, "text/csv; charset=utf-8", _pieces(self.tickets, session, (size, budget), snapshot_at)
+            ),
         ]
         schema = snapshot_schema()
         schema_entry = ManifestFile(

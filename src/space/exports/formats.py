@@ -8,6 +8,14 @@ the rows; one `string_agg` per batch returns finished bytes, and Python only has
 Snapshot: tasks come back as rows (UUIDs as text, timestamps as datetimes) and msgspec encodes them: that
 work runs in the worker's process, beside the database backend that reads, instead of on that one backend.
 
+Batches are bounded twice: by rows (`SPACE_EXPORT_BATCH_ROWS`) and by bytes (`SPACE_EXPORT_BATCH_BYTES`). The
+byte budget is cut in SQL, by a running sum of each row's width over the keyset page: a batch keeps its rows
+while the bytes before them are under the budget, so it holds at least one row and passes the budget by less
+than its last row, and the next batch continues after the last row kept. Rows are user text of any width
+(within the field limits), so a batch's memory, and the largest message the connection carries, is bounded
+in bytes whatever the rows are like. `Pace` keeps the page's LIMIT near the cut, so the database reads few
+rows past it.
+
 Batches are read on the snapshot connection itself with psycopg, in binary (text arrives as raw UTF-8
 bytes, no hex, no decode/encode round trip). The statements are still built with SQLAlchemy from the one
 ticket filter builder. Every query carries `org_id = :org` beside the RLS policy, which still applies.
@@ -27,6 +35,7 @@ import msgspec
 import psycopg
 from psycopg.types.string import ByteaBinaryLoader
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     Select,
     Text,
@@ -59,6 +68,10 @@ _ENCODE_ROWS = 2000
 # done with), two batches at a time while the next is read ahead: at most this many rows per batch keeps
 # that near 4 MB. A CSV batch is one string and keeps the configured size.
 SNAPSHOT_BATCH_ROWS = 5000
+BATCH_BYTES = 2 * 1024 * 1024
+"""The byte budget of a batch when the caller names none (the default of SPACE_EXPORT_BATCH_BYTES)."""
+_JSON_ROW_BYTES = 240
+"""A snapshot row's JSON besides its name or title (keys, ids, stamps): its width is that text plus this."""
 _ZERO = dt.timedelta(0)
 
 # users.csv_name is a generated column of migration 0004 that only the export reads; the User model of the
@@ -86,8 +99,8 @@ class Format(Protocol):
         """Bytes before the first record; `snapshot_at` is the moment the read's snapshot stands for."""
         ...
 
-    def batches(self, session: AsyncSession, size: int) -> AsyncIterator[Batch]:
-        """Records in stable order, `size` rows at a time, keyset-paginated."""
+    def batches(self, session: AsyncSession, size: int, budget: int = BATCH_BYTES) -> AsyncIterator[Batch]:
+        """Records in stable order, keyset-paginated, at most `size` rows and about `budget` bytes at a time."""
         ...
 
     def footer(self) -> bytes:
@@ -95,8 +108,29 @@ class Format(Protocol):
         ...
 
 
-def _int(n: int) -> ColumnElement[int]:
-    return literal_column(str(int(n)))
+def _param(name: str) -> ColumnElement[int]:
+    # Cast: psycopg sends a Python int as the smallest type that holds it, so one statement would be
+    # prepared once per type.
+    return sql_cast(bindparam(name), BigInteger)
+
+
+class Pace:
+    """The next keyset page's LIMIT: `size` rows, fewer once the rows are known to be wide.
+
+    The budget itself is cut in SQL; the page's rows after the cut are read and dropped by the database. So the
+    limit follows the width of the last batch: just over the rows that fit the budget at that width.
+    """
+
+    def __init__(self, size: int, budget: int) -> None:
+        self.size = size
+        self.budget = budget
+        self.limit = size
+
+    def saw(self, rows: int, width: int) -> None:
+        """The last batch held `rows` rows of `width` bytes in all."""
+        if rows > 0:
+            per_row = max(1, -(-width // rows))
+            self.limit = max(1, min(self.size, -(-self.budget // per_row) + 1))
 
 
 def rfc3339(t: dt.datetime) -> str:
@@ -169,43 +203,56 @@ class TicketsCsv:
         head = func.space_csv_head_sep(Ticket.csv_head, Ticket.number, Ticket.status, Ticket.priority, sep)
         return head.op("||")(assignee).op("||")(func.space_csv_tail_sep(Ticket.csv_tail, sep))
 
-    def _batch(self, size: int, ordered: bool) -> Select[Any]:
+    def _batch(self, ordered: bool) -> Select[Any]:
         page = (
             select(Ticket.number.label("key"), self._line().label("line"))
             .where(*self._where(), Ticket.number > bindparam("after", type_=Ticket.number.type))
             .order_by(Ticket.number)
-            .limit(_int(size))
+            .limit(_param("limit"))
             .subquery()
         )
+        # The page's bytes before each record (the window runs over the page in its order, no sort): the batch
+        # keeps the records that start under the budget.
+        width = func.octet_length(page.c.line)
+        before = func.sum(width).over(order_by=page.c.key, rows=(None, 0)) - width
+        sized = select(page.c.key, page.c.line, before.label("before")).subquery()
+        kept = sized.c.before < _param("budget")
         # PostgreSQL 16+ feeds an ORDER BY aggregate from the already sorted page for free; 15 would sort each
         # batch again, and there an aggregate over a sorted subquery keeps the subquery's order (the
-        # documented idiom: nothing between the Limit and the Aggregate can reorder rows).
+        # documented idiom: nothing between the Limit and the Aggregate can reorder rows; the window keeps it).
         empty = literal_column("''", Text)
-        order = aggregate_order_by(empty, page.c.key) if ordered else empty
+        order = aggregate_order_by(empty, sized.c.key) if ordered else empty
         return select(
-            func.count().label("rows"), func.max(page.c.key).label("last"), func.string_agg(page.c.line, order)
+            func.count().label("page"),
+            func.count().filter(kept).label("rows"),
+            func.max(sized.c.key).filter(kept).label("last"),
+            func.string_agg(sized.c.line, order).filter(kept),
         )
 
-    async def batches(self, session: AsyncSession, size: int) -> AsyncIterator[Batch]:
-        """Tickets by `number`, keyset."""
+    async def batches(self, session: AsyncSession, size: int, budget: int = BATCH_BYTES) -> AsyncIterator[Batch]:
+        """Tickets by `number`, keyset, at most `size` records and about `budget` bytes a batch."""
         ordered = await server_version(session) >= 160000
-        sql, params = compiled(session, self._batch(size, ordered))
+        sql, params = compiled(session, self._batch(ordered))
         params["cells"] = await self._assignee_cells(session)
         conn = await driver_connection(session)
+        pace = Pace(size, budget)
         after = 0
         async with conn.cursor(binary=True) as cur:
             cur.adapters.register_loader("text", ByteaBinaryLoader)
             while True:
-                await cur.execute(sql, {**params, "after": after})
+                limit = pace.limit
+                await cur.execute(sql, {**params, "after": after, "limit": limit, "budget": budget})
                 row = await cur.fetchone()
-                if row is None or not row[0]:
+                if row is None or not row[1]:
                     return
-                rows: int = row[0]
-                last: int = row[1]
-                data: bytes = row[2]
+                page: int = row[0]
+                rows: int = row[1]
+                last: int = row[2]
+                data: bytes = row[3]
                 yield Batch(rows=rows, last=last, data=data)
-                if rows < size:
+                if rows == page < limit:  # nothing cut, and the page ran out before its limit: the last batch
                     return
+                pace.saw(rows, len(data))
                 after = last
 
     def footer(self) -> bytes:
@@ -302,8 +349,9 @@ class Snapshot:
             enc(rfc3339(snapshot_at)),
         )
 
-    async def batches(self, session: AsyncSession, size: int) -> AsyncIterator[Batch]:
-        """Projects, the separator between the arrays, then tasks (at most SNAPSHOT_BATCH_ROWS per batch)."""
+    async def batches(self, session: AsyncSession, size: int, budget: int = BATCH_BYTES) -> AsyncIterator[Batch]:
+        """Projects, the separator between the arrays, then tasks (at most SNAPSHOT_BATCH_ROWS rows and about
+        `budget` bytes per batch)."""
         size = min(size, SNAPSHOT_BATCH_ROWS)
         projects = select(
             sql_cast(Project.id, Text).label("key"),
@@ -312,7 +360,8 @@ class Snapshot:
             Project.created_at,
             Project.updated_at,
         ).where(*self._projects())
-        async for batch in self._keyset(session, size, projects, Project.id, SnapshotProject, {}):
+        width = func.octet_length(Project.name) + _JSON_ROW_BYTES
+        async for batch in self._keyset(session, (size, budget), projects, (Project.id, width), SnapshotProject, {}):
             yield batch
         yield Batch(rows=0, last=None, data=b'],"tasks":[')
         # The live projects' ids, read in the snapshot, as a constant array: PostgreSQL probes it through a
@@ -327,30 +376,35 @@ class Snapshot:
             Task.created_at,
             Task.updated_at,
         ).where(Task.org_id == self.org_id, Task.project_id == any_(bindparam("live", type_=ARRAY(Uuid))))
-        async for batch in self._keyset(session, size, tasks, Task.id, SnapshotTask, {"live": live}):
+        width = func.octet_length(Task.title) + _JSON_ROW_BYTES
+        async for batch in self._keyset(session, (size, budget), tasks, (Task.id, width), SnapshotTask, {"live": live}):
             yield batch
 
     async def _keyset(
         self,
         session: AsyncSession,
-        size: int,
+        bounds: tuple[int, int],
         query: Select[*tuple[Any, ...]],
-        key: Any,
+        order: tuple[Any, ColumnElement[int]],
         out: type[msgspec.Struct],
         values: dict[str, Any],
     ) -> AsyncIterator[Batch]:
         # UUIDs arrive as text (uuid objects only to print them again would cost more than all the rest);
         # timestamps as datetimes, which the C loader makes and msgspec writes faster than to_char would.
-        start = compiled(session, query.order_by(key).limit(_int(size)))
-        after_key = compiled(
-            session, query.where(key > bindparam("after", type_=key.type)).order_by(key).limit(_int(size))
-        )
+        # Each row ends with `upto`, the page's estimated bytes up to and including it (read from the last row
+        # only, for the pace; the encoding leaves it out).
+        size, budget = bounds
+        key, width = order
+        start = compiled(session, _sized(query, key, width))
+        after_key = compiled(session, _sized(query.where(key > bindparam("after", type_=key.type)), key, width))
         conn = await driver_connection(session)
+        pace = Pace(size, budget)
 
         async def run(cur: psycopg.AsyncCursor[Any], after: str | None) -> psycopg.AsyncCursor[Any]:
             sql, params = start if after is None else after_key
             # Never prepared: each batch is planned with its values, so the array stays a constant.
-            await cur.execute(sql, {**params, **values, "after": after}, prepare=False)
+            bound = {**params, **values, "after": after, "limit": pace.limit, "budget": budget}
+            await cur.execute(sql, bound, prepare=False)
             return cur
 
         # Two cursors: while one's result is turned into JSON here, the other's query runs in the database.
@@ -366,23 +420,28 @@ class Snapshot:
                     if rows <= 0:
                         return
                     await cur.scroll(rows - 1, mode="absolute")
-                    last = (await cur.fetchone() or (None,))[0]
+                    final = await cur.fetchone()
+                    assert final is not None
+                    last, upto = final[0], final[-1]
                     await cur.scroll(0, mode="absolute")
-                    if rows == size:
-                        cursors.reverse()
-                        ahead = asyncio.create_task(run(cursors[0], last))
-                        await asyncio.sleep(0)  # let it send the query before the CPU work below
+                    # A page cut by the budget has fewer rows than its limit too; only an empty one is the end.
+                    pace.saw(rows, upto)
+                    cursors.reverse()
+                    ahead = asyncio.create_task(run(cursors[0], last))
+                    await asyncio.sleep(0)  # let it send the query before the CPU work below
                     # A few thousand rows at a time become Python objects and bytes; the slices go out as they
                     # are made (memory stays at a slice), the batch's row count with its last slice.
                     done = 0
                     while part := await cur.fetchmany(_ENCODE_ROWS):
                         data = bytearray()
-                        stamp = part[0][-1]
+                        stamp = part[0][-2]
                         if stamp.utcoffset() != _ZERO:
                             raise RuntimeError("the snapshot's session must be in UTC")
                         self._encoder.encode_into(
                             [
-                                out(*row) if row[-1].microsecond and row[-2].microsecond else out(*_whole_seconds(row))
+                                out(*row[:-1])
+                                if row[-2].microsecond and row[-3].microsecond
+                                else out(*_whole_seconds(row[:-1]))
                                 for row in part
                             ],
                             data,
@@ -403,3 +462,20 @@ class Snapshot:
     def footer(self) -> bytes:
         """Closes the tasks array and the object."""
         return b"]}"
+
+
+def _sized(query: Select[*tuple[Any, ...]], key: Any, width: ColumnElement[int]) -> Select[Any]:
+    """A snapshot page: `query` by `key`, LIMIT :limit rows, cut where the running sum of `width` (each row's
+    estimated bytes) passes :budget. Its columns: the query's, then `upto`, the bytes up to each row."""
+    # `ord` is the key itself (a uuid), not its text: the window and the outer query then keep the page's index
+    # order without a sort, and the order is the keyset's whatever the collation.
+    extra = ("width", "ord")
+    page = query.add_columns(width.label("width"), key.label("ord")).order_by(key).limit(_param("limit")).subquery()
+    data = [c for c in page.c if c.name not in extra]
+    upto = func.sum(page.c.width).over(order_by=page.c.ord, rows=(None, 0))
+    sized = select(*data, upto.label("upto"), page.c.width, page.c.ord).subquery()
+    return (
+        select(*(c for c in sized.c if c.name not in extra))
+        .where(sized.c.upto - sized.c.width < _param("budget"))
+        .order_by(sized.c.ord)
+    )

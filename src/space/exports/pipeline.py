@@ -171,6 +171,7 @@ async def build(runner: ExportRunner, lease: Lease, gate: Gate = _open) -> Built
             UnitOfWork(runner.db.sessionmaker, lease.tenant, isolation="REPEATABLE READ", read_only=True) as uow,
         ):
             await _bound_transaction(uow.session, settings)
+            await _not_pooled(uow.session)
             # now() is the transaction's start: the moment the snapshot stands for.
             snapshot_at: dt.datetime = (await uow.session.execute(select(func.now()))).scalar_one()
             source = await _format(uow.session, lease, membership_id)
@@ -181,7 +182,9 @@ async def build(runner: ExportRunner, lease: Lease, gate: Gate = _open) -> Built
             await gate("counted", lease)
             await out.write(source.header(snapshot_at))
             # The snapshot's backend reads the next batches while this task stores and reports the current one.
-            async with ReadAhead(source.batches(uow.session, settings.export_batch_rows)) as batches:
+            async with ReadAhead(
+                source.batches(uow.session, settings.export_batch_rows, settings.export_batch_bytes)
+            ) as batches:
                 async for batch in batches:
                     await out.write(batch.data)
                     if not batch.rows:
@@ -303,6 +306,14 @@ async def _bound_transaction(session: AsyncSession, settings: Settings) -> None:
     # PostgreSQL 17 bounds the whole transaction too; older servers rely on the asyncio timeout around it.
     if await server_version(session) >= 170000:
         await session.execute(text("SELECT set_config('transaction_timeout', :ms, true)"), {"ms": ms})
+
+
+async def _not_pooled(session: AsyncSession) -> None:
+    # libpq keeps a connection's buffers at the size of the largest message it carried, for the connection's
+    # life. The read's messages are batches (bounded by SPACE_EXPORT_BATCH_BYTES, plus one row), still far more
+    # than the API's: the read's connection is closed when the read ends instead of going back to the pool.
+    connection = await session.connection()
+    await connection.run_sync(lambda sync: sync.detach())
 
 
 async def _prefer_keyset_plans(session: AsyncSession) -> None:
