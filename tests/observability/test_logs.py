@@ -190,3 +190,19 @@ def test_the_text_format_is_one_readable_line_per_record() -> None:
     line = TextFormatter().format(record)
     assert "\n" not in line
     assert "INFO    space.exports: export completed" in line and "export_id=e1 attempt=1 rows=3" in line
+
+
+def test_the_formatter_takes_over_loggers_an_earlier_configuration_disabled(capsys: pytest.CaptureFixture[str]) -> None:
+    # As uvicorn's own dictConfig and then a library's (disable_existing_loggers) can leave it.
+    stale = logging.getLogger("uvicorn.error")
+    stale.addHandler(logging.NullHandler())
+    stale.propagate, stale.disabled = False, True
+    stale.setLevel(logging.WARNING)
+    handler = configure_logging("json")
+    try:
+        logging.getLogger("uvicorn.error").info("still heard")
+    finally:
+        logging.getLogger().removeHandler(handler)
+        logging.captureWarnings(False)
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert [(line["logger"], line["event"]) for line in lines] == [("uvicorn.error", "still heard")]

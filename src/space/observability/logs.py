@@ -177,9 +177,13 @@ def configure_logging(fmt: Literal["text", "json"], level: int = logging.INFO) -
     root.addHandler(handler)
     root.setLevel(level)
     for name in _ROUTED:
+        # Whatever configured these before (uvicorn's own dictConfig, a library's with disable_existing_loggers)
+        # is undone: their records reach the one handler, at the root's level.
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+        logger.disabled = False
+        logger.setLevel(logging.NOTSET)
     # SQLAlchemy's INFO is every statement, Alembic's its plugins and steps: their warnings are what an operator
     # needs (and a failing command stays one line).
     logging.getLogger("sqlalchemy").setLevel(logging.WARNING)
