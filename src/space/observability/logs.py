@@ -188,5 +188,7 @@ def configure_logging(fmt: Literal["text", "json"], level: int = logging.INFO) -
     # needs (and a failing command stays one line).
     logging.getLogger("sqlalchemy").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    # SAQ's INFO is a line per job, the crons' included (several a minute): the exports log their own steps.
+    logging.getLogger("saq").setLevel(logging.WARNING)
     logging.captureWarnings(True)
     return handler
