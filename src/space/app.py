@@ -18,7 +18,7 @@ from space.db import Database, app_url, check_app_role
 from space.errors import EXCEPTION_HANDLERS
 from space.exports.downloads import DownloadSlots
 from space.exports.links import load_signer
-from space.exports.queue import make_queue, queue_identity
+from space.exports.queue import open_queue
 from space.exports.routes import ExportController, manifest_schema_route, snapshot_schema_route
 from space.exports.storage import open_result_store
 from space.observability.metrics import HTTP_METRICS
@@ -70,9 +70,7 @@ def create_app(settings: Settings) -> Litestar:
             app.state.link_signer = await load_signer(settings, db.engine)
             # The API only enqueues (after commits), onto its installation's queue; workers consume. Its own
             # small pool, as space_queue.
-            queue = make_queue(
-                settings, await queue_identity(settings, db), application_name="space-api-queue", max_connections=4
-            )
+            queue = await open_queue(settings, db, application_name="space-api-queue", max_connections=4)
             app.state.queue = queue
             await queue.connect()
             async with open_result_store(settings, db) as store:

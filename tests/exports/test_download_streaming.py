@@ -114,8 +114,29 @@ class Result:
         return f"/exports/{self.id}/result"
 
 
+class ChunkReads:
+    """The chunk reads COUNT_READS records in the database at `self.url`."""
+
+    url: str
+
+    async def reads(self, result: Result, after: int) -> list[int]:
+        """The chunks of `result` read since counter value `after`, in order."""
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT seq FROM test_chunk_reads WHERE export_id = %s AND n > %s ORDER BY n", (result.id, after)
+            )
+            return [int(r[0]) for r in await cur.fetchall()]
+
+    async def mark(self) -> int:
+        """The counter now: reads after it belong to what follows."""
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+            cur = await conn.execute("SELECT coalesce(max(n), 0) FROM test_chunk_reads")
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
+
 @dataclass
-class World:
+class World(ChunkReads):
     """The module's API process, org and results."""
 
     url: str
@@ -132,21 +153,6 @@ class World:
     """The owner's too: with `big2`, the probe of whether both slots are free (reads of `big` stay the tests')."""
     small: Result
     """The customer's: one part, the probe of whether a slot is free."""
-
-    async def reads(self, result: Result, after: int) -> list[int]:
-        """The chunks of `result` read since counter value `after`, in order."""
-        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-            cur = await conn.execute(
-                "SELECT seq FROM test_chunk_reads WHERE export_id = %s AND n > %s ORDER BY n", (result.id, after)
-            )
-            return [int(r[0]) for r in await cur.fetchall()]
-
-    async def mark(self) -> int:
-        """The counter now: reads after it belong to what follows."""
-        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-            cur = await conn.execute("SELECT coalesce(max(n), 0) FROM test_chunk_reads")
-            row = await cur.fetchone()
-            return int(row[0]) if row else 0
 
     async def get(self, result: Result, user: TestUser | None = None) -> httpx.Response:
         """A whole GET of the result through httpx (probes and refusals)."""

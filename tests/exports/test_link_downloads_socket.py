@@ -29,6 +29,7 @@ from tests.exports.test_download_streaming import (
     COUNT_READS,
     NEEDS_PROC_NET,
     TICKETS,
+    ChunkReads,
     RawGet,
     Result,
     _completed,
@@ -51,7 +52,7 @@ def links_url(owner_url: str) -> Iterator[str]:
 
 
 @dataclass
-class World:
+class World(ChunkReads):
     """The module's API process, its org, a ~25 MiB result and a one-part one, and every token minted."""
 
     url: str
@@ -62,21 +63,6 @@ class World:
     big: Result
     small: Result
     tokens: list[str] = field(default_factory=list)
-
-    async def reads(self, result: Result, after: int) -> list[int]:
-        """The chunks of `result` read since counter value `after`, in order."""
-        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-            cur = await conn.execute(
-                "SELECT seq FROM test_chunk_reads WHERE export_id = %s AND n > %s ORDER BY n", (result.id, after)
-            )
-            return [int(r[0]) for r in await cur.fetchall()]
-
-    async def mark(self) -> int:
-        """The counter now."""
-        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-            cur = await conn.execute("SELECT coalesce(max(n), 0) FROM test_chunk_reads")
-            row = await cur.fetchone()
-            return int(row[0]) if row else 0
 
     async def link(self, result: Result) -> str:
         """A fresh link's URL (its token remembered for the log check)."""

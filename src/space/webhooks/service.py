@@ -18,7 +18,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from space.db import UnitOfWork
 from space.errors import NotFound
 from space.orgs import service as orgs
-from space.orgs.models import Role
 from space.webhooks import guard
 from space.webhooks.models import EventType, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from space.webhooks.queue import enqueue_delivery
@@ -27,7 +26,6 @@ from space.webhooks.signing import new_secret
 
 log = logging.getLogger("space.webhooks")
 
-MANAGERS = frozenset({Role.owner, Role.admin})
 LOG_LIMIT = 100
 """Attempts the deliveries log shows, newest first."""
 
@@ -47,7 +45,7 @@ async def create_webhook(
     # The lookup runs before the lock: a slow resolver must not hold the org's lock.
     await guard.resolve(data.url, allow_private=allow_private)
     await orgs.lock_org(session, org_id)
-    await orgs.authority(session, org_id, actor_id, MANAGERS)
+    await orgs.authority(session, org_id, actor_id, orgs.MANAGERS)
     endpoint = WebhookEndpoint(
         id=uuid.uuid4(),
         org_id=org_id,
@@ -75,7 +73,7 @@ async def list_webhooks(session: AsyncSession, org_id: uuid.UUID) -> list[Webhoo
 async def delete_webhook(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, webhook_id: uuid.UUID) -> None:
     """Remove an endpoint with its pending deliveries and its log; 404 when unknown."""
     await orgs.lock_org(session, org_id)
-    await orgs.authority(session, org_id, actor_id, MANAGERS)
+    await orgs.authority(session, org_id, actor_id, orgs.MANAGERS)
     result = await session.execute(
         delete(WebhookEndpoint)
         .where(WebhookEndpoint.id == webhook_id, WebhookEndpoint.org_id == org_id)
