@@ -120,3 +120,17 @@ class _running:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise
+
+
+def test_the_api_listener_hands_out_connections_without_nagle() -> None:
+    """Every connection the API accepts has TCP_NODELAY: with Nagle, the body after the headers waited for the
+    client's delayed ACK, about 40 ms per request on a kept-alive connection (asyncio sets the option itself
+    only on sockets whose proto is IPPROTO_TCP, and `socket.create_server` makes proto 0)."""
+    from space.cli import _listen
+    from space.config import load_settings
+
+    with _listen(load_settings({}, host="127.0.0.1", port=0)) as listener:
+        with socket.create_connection(listener.getsockname()[:2]) as client:
+            accepted, _ = listener.accept()
+            with accepted:
+                assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
