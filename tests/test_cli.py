@@ -129,8 +129,10 @@ def test_the_api_listener_hands_out_connections_without_nagle() -> None:
     from space.cli import _listen
     from space.config import load_settings
 
-    with _listen(load_settings({}, host="127.0.0.1", port=0)) as listener:
-        with socket.create_connection(listener.getsockname()[:2]) as client:
-            accepted, _ = listener.accept()
-            with accepted:
-                assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    with (
+        _listen(load_settings({}, host="127.0.0.1", port=0)) as listener,
+        socket.create_connection(listener.getsockname()[:2]),
+    ):
+        accepted, _ = listener.accept()
+        with accepted:
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -26,3 +28,11 @@ def test_migrations_resolve_through_the_package() -> None:
     assert location.resolve() == (ROOT / "migrations").resolve()
     assert (location / "env.py").is_file()
     assert (location / "versions" / "0001_foundation.py").is_file()
+
+
+def test_the_worker_loads_no_link_signing_or_http_client() -> None:
+    """PyJWT (with cryptography) and httpx are 15 MiB of every worker's memory, and a worker needs them only to
+    send a webhook (httpx, imported then); it never signs a link."""
+    code = "import sys, space.worker; print(sorted(m for m in ('jwt', 'httpx', 'cryptography') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import jwt
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -72,6 +71,8 @@ class LinkSigner:
             "execution": str(grant.execution_id),
             "exp": grant.expires_at,
         }
+        import jwt  # here, not at the top: the worker imports this module and never signs (PyJWT loads cryptography)
+
         return jwt.encode(claims, self._keys[0], algorithm=ALGORITHM)
 
     def verify(self, token: str, org_id: str, export_id: str) -> LinkGrant:
@@ -79,6 +80,8 @@ class LinkSigner:
 
         The signature is checked before the expiry (PyJWT's order), so only a genuine token is ever "expired".
         """
+        import jwt  # as in `sign`
+
         if not token or len(token) > MAX_TOKEN_CHARS:
             raise LinkInvalid()
         for key in self._keys:

@@ -13,7 +13,6 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import httpx
 from saq import Queue
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -148,6 +147,9 @@ async def attempt(claimed: Claimed, *, allow_private: bool) -> Outcome:
         "user-agent": USER_AGENT,
         "host": destination.host_header,
     }
+    # Here, not at the top: every worker imports this module, few ever send a webhook (httpx is 5 MiB).
+    import httpx
+
     # TLS still checks the certificate against the name (SNI), though the connection goes to the address.
     extensions = {"sni_hostname": destination.host} if destination.scheme == "https" else {}
     try:
