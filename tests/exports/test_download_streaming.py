@@ -57,7 +57,9 @@ CHUNK = 3 * READ_PART_BYTES // 2
 """Stored chunk size: each chunk is read as a whole part and a half part."""
 TICKETS = 12_000
 TITLE_REPEAT = 64
-"""Each ticket's title is 64 md5 digests (2 KiB): the result is about 25 MiB, far more than socket buffers."""
+"""Each ticket's title is 64 different md5 digests (2 KiB): the result is about 25 MiB, far more than socket
+buffers, and does not compress, so its chunks are stored as they are and read by parts (packed chunks: see
+`test_packed_chunks.py`)."""
 SLACK = 4 * READ_PIECE_BYTES
 """What the server may hold in its own write buffer beyond what the kernel took: up to asyncio's 64 KiB
 high-water mark plus the piece that crossed it (four pieces leave room, and stay well under a part)."""
@@ -226,7 +228,8 @@ async def _long_tickets(db: Database, org: Org, count: int) -> None:
         await uow.session.execute(
             text(
                 "INSERT INTO tickets (id, org_id, number, title, creator_id)"
-                " SELECT gen_random_uuid(), :org, :last - :n + i, repeat(md5(i::text), :reps), :creator"
+                " SELECT gen_random_uuid(), :org, :last - :n + i,"
+                " (SELECT string_agg(md5(i || '-' || j), '') FROM generate_series(1, :reps) AS j), :creator"
                 " FROM generate_series(1, :n) AS i"
             ),
             {"org": oid, "last": last, "n": count, "reps": TITLE_REPEAT, "creator": org.member.id},

@@ -83,3 +83,7 @@ class ExportChunk(Base):
     seq: Mapped[int] = mapped_column(primary_key=True)
     org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
     data: Mapped[bytes]
+    codec: Mapped[str | None]
+    """How `data` is packed (migration 0013): None as it is, `lz4` one lz4 frame."""
+    raw_size: Mapped[int | None]
+    """The chunk's bytes once expanded (None when not packed)."""

@@ -14,6 +14,11 @@ connections live on. So a chunk never travels as one message on a pooled connect
 execution's chunks on a connection of their own, dropped afterwards, and a download reads one part (at most
 1 MiB of a chunk) per query. The worker's and the API's memory stays the same however many chunks have passed,
 and a download holds one part at a time however slowly its client reads (SPEC §11).
+
+Compression: the worker packs each chunk as one lz4 frame before it stores it (`pack`; migration 0013), so the
+database writes, logs and reads a fraction of the bytes (text compresses about 4:1) whatever its build, and the
+compression's CPU is the worker's, not the shared database's. A chunk that would not shrink by a quarter is
+stored as it is. A packed chunk is read whole (it is a fraction of a chunk) and expanded a piece at a time.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+import lz4.frame
 from sqlalchemy import delete, insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -40,7 +46,30 @@ READ_PART_BYTES = 1024 * 1024
 READ_PIECE_BYTES = 128 * 1024
 """A part comes back cut into rows of this size, each handed to the server as it is (see `PgResultStore.read`)."""
 
+PACKED_AT_MOST = 0.75
+"""A chunk is stored packed only if its lz4 frame is at most this share of it (as PostgreSQL's own TOAST asks
+of its compression): expanding it costs every download a little, which a small saving does not repay."""
+
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A chunk as it is stored: `data`, and `codec`/`raw_size` when `data` is an lz4 frame of `raw_size` bytes."""
+
+    data: bytes | memoryview
+    codec: str | None = None
+    raw_size: int | None = None
+
+
+def pack(chunk: bytes | memoryview) -> Packed:
+    """`chunk` as one lz4 frame, or as it is when that would not save a quarter. 64 KiB blocks keep expanding
+    it cheap in memory (the reader holds one block's window, not the whole chunk); each block carries its
+    checksum, so a damaged block fails the download before any of its bytes go out."""
+    frame = lz4.frame.compress(chunk, block_size=lz4.frame.BLOCKSIZE_MAX64KB, block_checksum=True, store_size=False)
+    if len(frame) > PACKED_AT_MOST * len(chunk):
+        return Packed(chunk)
+    return Packed(frame, "lz4", len(chunk))
 
 
 @dataclass(frozen=True)
@@ -120,20 +149,23 @@ class Redirecting(Protocol):
 _ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 
 # One part of chunk :seq: :len bytes from byte :pos (1-based), cut into rows of :piece bytes, with the chunk's
-# length. `substring` detoasts only the slice it needs: an uncompressed or pglz value is fetched up to the
-# slice's end; an lz4 value is fetched whole (lz4 can't tell how much input a prefix needs) and decompressed up
-# to the slice's end. `OFFSET 0` keeps the slice computed once, not once per row; `length` reads the stored
-# size without detoasting. The lookup is by the whole primary key, so no plan detoasts another chunk. The rows
-# are put in order in Python (an ORDER BY would sort the part). An empty chunk is one empty row.
+# size and codec. A packed chunk (codec lz4) comes whole, whatever :pos and :len: its bytes are a frame, which
+# only expands from its start. `substring` detoasts only the slice it needs: an uncompressed value (0013 stores
+# the column EXTERNAL) is fetched up to the slice's end. `OFFSET 0` keeps the slice computed once, not once per
+# row; `length` reads the stored size without detoasting. The lookup is by the whole primary key, so no plan
+# detoasts another chunk. The rows are put in order in Python (an ORDER BY would sort the part). An empty chunk
+# is one empty row.
 _READ_PART = """
-SELECT p.size, o, substring(p.d FROM o FOR %(piece)s)
-FROM (SELECT length(data) AS size, substring(data FROM %(pos)s FOR %(len)s) AS d FROM export_chunks
+SELECT p.size, o, substring(p.d FROM o FOR %(piece)s), p.codec
+FROM (SELECT coalesce(raw_size, length(data)) AS size, codec,
+             CASE WHEN codec IS NULL THEN substring(data FROM %(pos)s FOR %(len)s) ELSE data END AS d
+      FROM export_chunks
       WHERE export_id = %(export)s AND execution_id = %(execution)s AND seq = %(seq)s AND org_id = %(org)s
       OFFSET 0) AS p,
      generate_series(1, greatest(length(p.d), 1), %(piece)s) AS o
 """
 _CHUNK_SIZE = """
-SELECT length(data) FROM export_chunks
+SELECT coalesce(raw_size, length(data)) FROM export_chunks
 WHERE export_id = %(export)s AND execution_id = %(execution)s AND seq = 0 AND org_id = %(org)s
 """
 _LATER_CHUNK = """
@@ -153,16 +185,25 @@ class _PgSink:
         """Nothing to undo here: the failure that follows deletes the execution's chunks."""
 
     async def write(self, seq: int, data: bytes | memoryview) -> None:
-        """Insert one chunk."""
+        """Pack and insert one chunk (lz4 releases the GIL: packed in a thread, the read goes on meanwhile)."""
         key = self._key
+        packed = await asyncio.to_thread(pack, data)
         async with self._conn.begin():
             await set_tenant(self._conn, Tenant(org_id=key.org_id))
             await self._conn.execute(_ASYNC_COMMIT)
-            await self._conn.execute(
-                insert(ExportChunk).values(
-                    export_id=key.export_id, execution_id=key.execution_id, seq=seq, org_id=key.org_id, data=data
-                )
-            )
+            await self._conn.execute(_insert_chunk(key, seq, packed))
+
+
+def _insert_chunk(key: ResultKey, seq: int, packed: Packed) -> Any:
+    return insert(ExportChunk).values(
+        export_id=key.export_id,
+        execution_id=key.execution_id,
+        seq=seq,
+        org_id=key.org_id,
+        data=packed.data,
+        codec=packed.codec,
+        raw_size=packed.raw_size,
+    )
 
 
 class PgResultStore:
@@ -183,14 +224,11 @@ class PgResultStore:
         return UnitOfWork(self._sessionmaker, Tenant(org_id=key.org_id))
 
     async def write(self, key: ResultKey, seq: int, data: bytes | memoryview) -> None:
-        """Insert one chunk in its own transaction."""
+        """Pack and insert one chunk in its own transaction."""
+        packed = await asyncio.to_thread(pack, data)
         async with self._uow(key) as uow:
             await uow.session.execute(_ASYNC_COMMIT)
-            await uow.session.execute(
-                insert(ExportChunk).values(
-                    export_id=key.export_id, execution_id=key.execution_id, seq=seq, org_id=key.org_id, data=data
-                )
-            )
+            await uow.session.execute(_insert_chunk(key, seq, packed))
 
     @contextlib.asynccontextmanager
     async def sink(self, key: ResultKey) -> AsyncIterator[ChunkSink]:
@@ -237,8 +275,10 @@ class PgResultStore:
 
         No read-ahead: the server hands a piece to the socket and asks for the next one while the kernel is still
         sending it, so a stalled client holds at most this part and the server's write buffer, and its database
-        reads stop within one part. Chunks have one size (the first one's) except the last, so an offset is a
-        chunk number and a position in it; that size is read from the table, not from today's settings.
+        reads stop within one part. A packed chunk is one part: its frame comes whole and is expanded a piece at
+        a time (a stalled client then pins the frame, a fraction of a chunk, and one piece). Chunks have one size
+        (the first one's, expanded) except the last, so an offset is a chunk number and a position in it; that
+        size is read from the table, not from today's settings.
         """
         seq, pos, offset = 0, start, start
         if start:
@@ -253,18 +293,25 @@ class PgResultStore:
                 if end is None and not await _finished(self._query(key, _LATER_CHUNK, seq=seq)):
                     return
                 raise ResultMissing(f"chunk {seq} of export {key.export_id} is missing")
-            chunk_size = int(rows[0][0])
+            chunk_size, codec = int(rows[0][0]), rows[0][3]
             # Hand the pieces out oldest first and drop each once taken: a stalled client pins only what is left.
             rows.sort(key=lambda row: int(row[1]), reverse=True)
             pieces: list[bytes] = [row[2] for row in rows]
             del rows
+            # A packed chunk came whole: the rest of it (up to `end`) is expanded from the one frame.
+            want = chunk_size if end is None else min(chunk_size, pos + (end - offset))
+            if codec is not None:
+                pieces = [b"".join(reversed(pieces))]
+                stream = _expanded(pieces, pos, want, self._piece_bytes)
+            else:
+                stream = _popped(pieces)
             taken = 0
-            while pieces:
-                piece = pieces.pop()
+            async for piece in stream:
                 taken += len(piece)
-                if piece:
-                    yield piece
+                yield piece
             pos, offset = pos + taken, offset + taken
+            if codec is not None and pos < want:
+                raise ResultMissing(f"chunk {seq} of export {key.export_id} expands to fewer bytes than it holds")
             if pos >= chunk_size:
                 seq, pos = seq + 1, 0
 
@@ -293,6 +340,34 @@ class PgResultStore:
                     await tenant.execute(tenant_sql, tenant_params)
                     await cur.execute(query, bound)
                 return await cur.fetchall()
+
+
+async def _popped(pieces: list[bytes]) -> AsyncIterator[bytes]:
+    """The pieces in order (the list is reversed: the next is last), each dropped from the list once taken."""
+    while pieces:
+        piece = pieces.pop()
+        if piece:
+            yield piece
+
+
+async def _expanded(frame: list[bytes], start: int, end: int, piece: int) -> AsyncIterator[bytes]:
+    """Bytes `start` to `end` of a packed chunk (`frame`, one lz4 frame, taken out of the list), `piece` bytes at
+    a time; what lies before `start` is expanded and dropped."""
+    expander = lz4.frame.LZ4FrameDecompressor()
+    data = frame.pop()
+    at = 0
+    while at < end and not expander.eof:
+        try:
+            out = expander.decompress(data, max_length=piece)
+        except RuntimeError as exc:  # lz4's word for a damaged frame
+            raise ResultMissing(f"a stored chunk does not expand: {exc}") from None
+        data = b""
+        if not out:
+            break
+        lo, hi = max(start - at, 0), min(end - at, len(out))
+        at += len(out)
+        if lo < hi:
+            yield out[lo:hi] if (lo, hi) != (0, len(out)) else out
 
 
 async def _finished(coro: Coroutine[Any, Any, T]) -> T:
