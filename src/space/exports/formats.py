@@ -33,8 +33,6 @@ from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 import psycopg
-from psycopg.adapt import Loader
-from psycopg.pq import Format as WireFormat
 from psycopg.types.string import ByteaBinaryLoader
 from sqlalchemy import (
     BigInteger,
@@ -275,15 +273,6 @@ Id = Annotated[str, msgspec.Meta(extra_json_schema={"format": "uuid"})]
 # schema (`additionalProperties: false`: a recipient can check that nothing else, an email say, is in it).
 
 
-class _JsonRawLoader(Loader):
-    """A `json` value (binary: its text as is) as msgspec.Raw, which msgspec writes out unchanged."""
-
-    format = WireFormat.BINARY
-
-    def load(self, data: Any) -> msgspec.Raw:
-        return msgspec.Raw(bytes(data))
-
-
 class SnapshotProject(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     """A live project; `version` is its own edit counter."""
 
@@ -366,7 +355,7 @@ class Snapshot:
         size = min(size, SNAPSHOT_BATCH_ROWS)
         projects = select(
             sql_cast(Project.id, Text).label("key"),
-            func.to_json(Project.name).label("name"),
+            Project.name,
             Project.version,
             Project.created_at,
             Project.updated_at,
@@ -381,7 +370,7 @@ class Snapshot:
         tasks = select(
             sql_cast(Task.id, Text).label("key"),
             sql_cast(Task.project_id, Text),
-            func.to_json(Task.title).label("title"),
+            Task.title,
             Task.status,
             Task.due_date,
             Task.created_at,
@@ -401,10 +390,7 @@ class Snapshot:
         values: dict[str, Any],
     ) -> AsyncIterator[Batch]:
         # UUIDs arrive as text (uuid objects only to print them again would cost more than all the rest);
-        # timestamps as datetimes, which the C loader makes and msgspec writes faster than to_char would; names
-        # and titles as JSON strings the database escaped (`to_json`, byte for byte msgspec's escaping), kept
-        # as msgspec.Raw: decoding user text into str only to encode it again was most of the worker's time on
-        # wide rows.
+        # timestamps as datetimes, which the C loader makes and msgspec writes faster than to_char would.
         # Each row ends with `upto`, the page's estimated bytes up to and including it (read from the last row
         # only, for the pace; the encoding leaves it out).
         size, budget = bounds
@@ -423,8 +409,6 @@ class Snapshot:
 
         # Two cursors: while one's result is turned into JSON here, the other's query runs in the database.
         async with conn.cursor(binary=True) as one, conn.cursor(binary=True) as other:
-            for cur in (one, other):
-                cur.adapters.register_loader("json", _JsonRawLoader)
             cursors = [one, other]
             ahead: asyncio.Task[psycopg.AsyncCursor[Any]] | None = asyncio.create_task(run(one, None))
             first = True
