@@ -3,7 +3,8 @@
 Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a temporary folder. One run:
 
 1. a fresh database, migrated; two orgs seeded set-based (`space.demo`): 100,000 tickets, and 1,000,000
-   tickets plus 1,000,000 tasks; then VACUUM ANALYZE, as autovacuum would have done to any table that size;
+   tickets plus 1,000,000 tasks; then VACUUM ANALYZE, as autovacuum would have done to any table that size, and a
+   CHECKPOINT, so the seeding's own writes are on disk before any case runs, not written back during one;
 2. `space api` and `space worker` as two child processes, warmed up by one small unmeasured export of each
    kind; per case: PostgreSQL's COPY of the same rows to a file (psycopg), then create the export through
    the API, poll until completed, download it to a file.
@@ -218,7 +219,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 async def seed(url: str, orgs: dict[str, tuple[int, int]]) -> dict[str, Org]:
-    """Orgs named as given with (tickets, tasks) each, seeded side by side; then VACUUM ANALYZE."""
+    """Orgs named as given with (tickets, tasks) each, seeded side by side; then VACUUM ANALYZE and CHECKPOINT."""
     settings = load_settings({}, database_url=url)
     assert settings.database_url
     db = Database(app_url(settings.database_url), application_name="space-bench-seed")
@@ -233,6 +234,7 @@ async def seed(url: str, orgs: dict[str, tuple[int, int]]) -> dict[str, Org]:
             assert row is not None
             out[name] = Org(str(row[0]), {p.role: p.token for p in people})
         conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
     return out
 
 
@@ -941,6 +943,7 @@ async def wide_rows(url: str, orgs: dict[str, Org], tmp: Path) -> list[Case]:
             assert row is not None
             orgs[name] = Org(str(row[0]), {p.role: p.token for p in seeded})
         conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
     log(f"seeded and vacuumed in {time.perf_counter() - started:.1f} s")
     plan = [("tickets_csv_wide", "BenchWideTickets", "tickets_csv"), ("snapshot_wide", "BenchWideTasks", "snapshot")]
     cases, _ = await separate_processes(url, orgs, plan, tmp, warm_org="BenchSmall")
