@@ -8,8 +8,10 @@ an offset is still a chunk number and a position in it. A chunk that would not s
 as it is (both NULL), and read by parts as before. The column is stored EXTERNAL from now on: compressing an
 lz4 frame again would spend the database's CPU for nothing. Existing chunks stay valid (both NULL).
 
-Downgrade: chunks with a codec can't be read without it; their exports' results are marked purged (they read
-as expired) and the chunks deleted.
+Downgrade: chunks with a codec can't be read without it; the exports whose published execution has them are
+marked purged (they read as expired) and the chunks deleted, RLS's force lifted for that (the owner's own rows
+would otherwise be invisible to it under an ordinary owner). Upgrade order: run `space migrate`, then the API
+hosts, then the workers: an API of 0012's code would read a packed chunk as it is stored.
 
 Revision ID: 0013
 Revises: 0012
@@ -33,9 +35,21 @@ ALTER TABLE export_chunks ALTER COLUMN data SET STORAGE EXTERNAL, ALTER COLUMN d
 """
 
 DOWNGRADE = """
-UPDATE export_jobs SET purged_at = coalesce(purged_at, now())
-WHERE id IN (SELECT DISTINCT export_id FROM export_chunks WHERE codec IS NOT NULL);
+-- Both tables force RLS even on their owner, and a migration sets no tenant: under an ordinary owner (no
+-- BYPASSRLS) the UPDATE and DELETE would match nothing. The owner lifts the force for this transaction only.
+ALTER TABLE export_jobs NO FORCE ROW LEVEL SECURITY;
+ALTER TABLE export_chunks NO FORCE ROW LEVEL SECURITY;
+UPDATE export_jobs j SET purged_at = coalesce(j.purged_at, now())
+WHERE EXISTS (SELECT 1 FROM export_chunks c
+              WHERE c.export_id = j.id AND c.execution_id = j.execution_id AND c.codec IS NOT NULL);
 DELETE FROM export_chunks WHERE codec IS NOT NULL;
+DO $$ BEGIN
+  IF EXISTS (SELECT 1 FROM export_chunks WHERE codec IS NOT NULL) THEN
+    RAISE EXCEPTION 'packed result chunks are left; 0012 would serve them as they are stored';
+  END IF;
+END $$;
+ALTER TABLE export_jobs FORCE ROW LEVEL SECURITY;
+ALTER TABLE export_chunks FORCE ROW LEVEL SECURITY;
 ALTER TABLE export_chunks DROP COLUMN codec, DROP COLUMN raw_size;
 DO $$ BEGIN
   IF EXISTS (SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY (enumvals)) THEN

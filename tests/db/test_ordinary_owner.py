@@ -12,17 +12,26 @@ import psycopg
 import pytest
 from litestar.testing import AsyncTestClient
 from psycopg import sql
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
 from space.app import create_app
 from space.config import Settings, load_settings
 from space.db import Database, Tenant, UnitOfWork, queue_conninfo
-from space.db.migrate import scripts
+from space.db.migrate import downgrade, scripts
 from space.exports.maintenance import cleanup, reconcile
 from space.exports.queue import open_queue
 from space.exports.storage import PgResultStore, ResultKey
 from space.orgs.jobs import due_org_ids, purge_due
-from tests.exports.fixtures import add_tickets, chunk_count, create_export, job_row, runner, tuned, uid
+from tests.exports.fixtures import (
+    add_tickets,
+    chunk_count,
+    create_export,
+    insert_export,
+    job_row,
+    runner,
+    tuned,
+    uid,
+)
 from tests.helpers import Api, Org, UserFactory, app_database, fresh_database
 
 
@@ -149,3 +158,43 @@ async def _run(settings: Settings, db: Database, org: Org, export_id: str) -> st
     from space.exports.pipeline import run_export
 
     return await run_export(runner(settings, db), uid(export_id), uid(org.id))
+
+
+async def test_downgrade_from_packed_chunks_purges_their_results_as_an_ordinary_owner(owner_url: str) -> None:
+    """0013's downgrade, run by an ordinary owner: the exports whose result is packed read as purged and their
+    chunks are gone (0012 would serve a frame as it is stored); a plain result is kept. Under forced RLS the
+    owner saw those rows but its UPDATE and DELETE matched none, until the downgrade lifted the force."""
+    role = f"space_owner_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN CREATEDB CREATEROLE NOSUPERUSER NOBYPASSRLS").format(sql.Identifier(role))
+        )
+    try:
+        with fresh_database(owner_url, "space_ord_down", owner=role) as url:
+            settings = load_settings({}, database_url=url)
+            async with _app(settings) as (api, db):
+                org = await api.org()
+                await add_tickets(db, org.id, org.member, ["the same words again"] * 300)
+                export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
+                assert await _run(tuned(settings, export_chunk_bytes=1024), db, org, export["id"]) == "completed"
+                plain = str(await insert_export(db, org.id, org.owner.id, chunks=2))
+            # Read as the server's superuser: the ordinary owner itself sees only queued and running exports.
+            admin = make_url(url).set(username=make_url(owner_url).username).render_as_string(hide_password=False)
+            count = "SELECT count(*) FILTER (WHERE codec IS NOT NULL), count(*) FROM export_chunks WHERE export_id = %s"
+            with psycopg.connect(admin) as conn:
+                packed, stored = conn.execute(count, (export["id"],)).fetchone() or (0, 0)
+            assert packed == stored > 2
+            downgrade(url, "0012")
+            with psycopg.connect(admin) as conn:
+                rows = conn.execute(
+                    "SELECT j.id::text, j.purged_at IS NOT NULL, count(c.seq) FROM export_jobs j"
+                    " LEFT JOIN export_chunks c ON c.export_id = j.id GROUP BY j.id"
+                ).fetchall()
+                forced = conn.execute(
+                    "SELECT bool_and(relforcerowsecurity) FROM pg_class WHERE relname IN ('export_jobs', 'export_chunks')"
+                ).fetchone()
+            assert sorted(rows) == sorted([(export["id"], True, 0), (plain, False, 2)])
+            assert forced == (True,)
+    finally:
+        with psycopg.connect(owner_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))

@@ -10,6 +10,7 @@ import hashlib
 import itertools
 import os
 import random
+from typing import Any
 
 import psycopg
 import pytest
@@ -125,3 +126,45 @@ async def test_a_damaged_packed_chunk_fails_rather_than_sending_other_bytes(
     store = PgResultStore(db.sessionmaker)
     with pytest.raises(ResultMissing):
         _ = [p async for p in store.read(key, 0, len(body))]
+
+
+class _Counted(PgResultStore):
+    """The real store, noting the bytes each of its part queries brought back."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.parts: list[int] = []
+
+    async def _query(self, key: ResultKey, query: str, **params: int) -> list[tuple[Any, ...]]:
+        rows = await super()._query(key, query, **params)
+        if "substring" in query:
+            self.parts.append(sum(len(r[2]) for r in rows))
+        return rows
+
+
+async def test_a_packed_chunk_is_read_a_part_of_its_frame_at_a_time(
+    api: Api, db: Database, settings: Settings, owner_url: str
+) -> None:
+    """A download holds one part at a time, packed chunks or not: a frame larger than a part comes in parts."""
+    org = await api.org()
+    rng = random.Random(3)
+    # Words from a small vocabulary: they pack, but not to nothing (frames of a few KiB per 64 KiB chunk).
+    words = ["toner", "printer", "floor", "again", "broken", "laptop", "screen", "vpn", "login", "mail"]
+    titles = [" ".join(rng.choice(words) for _ in range(30)) for _ in range(3000)]
+    await add_tickets(db, org.id, org.member, titles)
+    export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
+    big = tuned(settings, export_chunk_bytes=64 * 1024)
+    assert await run_export(runner(big, db), uid(export["id"]), uid(org.id)) == "completed"
+    body = (await download(api, org, org.member, export["id"])).content
+    frames = [n for _, codec, _, n in _stored(owner_url, export["id"]) if codec == "lz4"]
+    assert frames and max(frames) > 2000
+    job = await job_row(db, org.id, export["id"])
+    assert job.execution_id is not None
+    store = _Counted(db.sessionmaker, part_bytes=1000, piece_bytes=250)
+    key = ResultKey(uid(org.id), uid(export["id"]), job.execution_id)
+    assert b"".join([p async for p in store.read(key)]) == body
+    assert max(store.parts) <= 1000 and len(store.parts) >= sum(-(-n // 1000) for n in frames)
+    store.parts.clear()
+    a = len(body) // 2
+    assert b"".join([p async for p in store.read(key, a, a + 10)]) == body[a : a + 10]
+    assert max(store.parts) <= 1000

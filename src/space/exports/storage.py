@@ -18,7 +18,8 @@ and a download holds one part at a time however slowly its client reads (SPEC §
 Compression: the worker packs each chunk as one lz4 frame before it stores it (`pack`; migration 0013), so the
 database writes, logs and reads a fraction of the bytes (text compresses about 4:1) whatever its build, and the
 compression's CPU is the worker's, not the shared database's. A chunk that would not shrink by a quarter is
-stored as it is. A packed chunk is read whole (it is a fraction of a chunk) and expanded a piece at a time.
+stored as it is. A packed chunk is read a part of its frame at a time and expanded a piece at a time, so a
+download still holds one part.
 """
 
 from __future__ import annotations
@@ -148,17 +149,18 @@ class Redirecting(Protocol):
 # unpublished execution's chunks, which nobody can read anyway.
 _ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 
-# One part of chunk :seq: :len bytes from byte :pos (1-based), cut into rows of :piece bytes, with the chunk's
-# size and codec. A packed chunk (codec lz4) comes whole, whatever :pos and :len: its bytes are a frame, which
-# only expands from its start. `substring` detoasts only the slice it needs: an uncompressed value (0013 stores
-# the column EXTERNAL) is fetched up to the slice's end. `OFFSET 0` keeps the slice computed once, not once per
-# row; `length` reads the stored size without detoasting. The lookup is by the whole primary key, so no plan
-# detoasts another chunk. The rows are put in order in Python (an ORDER BY would sort the part). An empty chunk
-# is one empty row.
+# One part of chunk :seq:, cut into rows of :piece bytes, with the chunk's size (expanded) and codec: of a
+# plain chunk :len bytes from byte :pos (1-based); of a packed one (codec lz4) :clen bytes of its frame from byte
+# :cpos, since a frame only expands from its start. `substring` detoasts only the slice it needs: the column is
+# EXTERNAL (0013), so a value is fetched up to the slice's end. `OFFSET 0` keeps the slice computed once, not
+# once per row; `length` reads the stored size without detoasting. The lookup is by the whole primary key, so
+# no plan detoasts another chunk. The rows are put in order in Python (an ORDER BY would sort the part). An
+# empty slice is one empty row.
 _READ_PART = """
 SELECT p.size, o, substring(p.d FROM o FOR %(piece)s), p.codec
 FROM (SELECT coalesce(raw_size, length(data)) AS size, codec,
-             CASE WHEN codec IS NULL THEN substring(data FROM %(pos)s FOR %(len)s) ELSE data END AS d
+             CASE WHEN codec IS NULL THEN substring(data FROM %(pos)s FOR %(len)s)
+                  ELSE substring(data FROM %(cpos)s FOR %(clen)s) END AS d
       FROM export_chunks
       WHERE export_id = %(export)s AND execution_id = %(execution)s AND seq = %(seq)s AND org_id = %(org)s
       OFFSET 0) AS p,
@@ -275,10 +277,10 @@ class PgResultStore:
 
         No read-ahead: the server hands a piece to the socket and asks for the next one while the kernel is still
         sending it, so a stalled client holds at most this part and the server's write buffer, and its database
-        reads stop within one part. A packed chunk is one part: its frame comes whole and is expanded a piece at
-        a time (a stalled client then pins the frame, a fraction of a chunk, and one piece). Chunks have one size
-        (the first one's, expanded) except the last, so an offset is a chunk number and a position in it; that
-        size is read from the table, not from today's settings.
+        reads stop within one part. A packed chunk's frame is read by parts too, from its start (a frame only
+        expands from there: a range inside it expands what lies before and drops it). Chunks have one size (the
+        first one's, expanded) except the last, so an offset is a chunk number and a position in it; that size
+        is read from the table, not from today's settings.
         """
         seq, pos, offset = 0, start, start
         if start:
@@ -286,9 +288,13 @@ class PgResultStore:
             if not first or not first[0][0]:
                 raise ResultMissing(f"export {key.export_id} has no stored byte {start}")
             seq, pos = divmod(start, int(first[0][0]))
+        packed: _Expanding | None = None  # chunk `seq`'s frame as far as it was read, when it is packed
         while end is None or offset < end:
             length = self._part_bytes if end is None else min(self._part_bytes, end - offset)
-            rows = await _finished(self._query(key, _READ_PART, seq=seq, pos=pos + 1, len=length))
+            read_to = 0 if packed is None else packed.read
+            rows = await _finished(
+                self._query(key, _READ_PART, seq=seq, pos=pos + 1, len=length, cpos=read_to + 1, clen=self._part_bytes)
+            )
             if not rows:
                 if end is None and not await _finished(self._query(key, _LATER_CHUNK, seq=seq)):
                     return
@@ -298,22 +304,24 @@ class PgResultStore:
             rows.sort(key=lambda row: int(row[1]), reverse=True)
             pieces: list[bytes] = [row[2] for row in rows]
             del rows
-            # A packed chunk came whole: the rest of it (up to `end`) is expanded from the one frame.
-            want = chunk_size if end is None else min(chunk_size, pos + (end - offset))
-            if codec is not None:
-                pieces = [b"".join(reversed(pieces))]
-                stream = _expanded(pieces, pos, want, self._piece_bytes)
+            if codec is None:
+                taken = 0
+                while pieces:
+                    piece = pieces.pop()
+                    taken += len(piece)
+                    if piece:
+                        yield piece
+                pos, offset = pos + taken, offset + taken
             else:
-                stream = _popped(pieces)
-            taken = 0
-            async for piece in stream:
-                taken += len(piece)
-                yield piece
-            pos, offset = pos + taken, offset + taken
-            if codec is not None and pos < want:
-                raise ResultMissing(f"chunk {seq} of export {key.export_id} expands to fewer bytes than it holds")
+                packed = packed or _Expanding(self._piece_bytes)
+                want = chunk_size if end is None else min(chunk_size, pos + (end - offset))
+                async for piece in packed.expand(pieces, pos, want):
+                    pos, offset = pos + len(piece), offset + len(piece)
+                    yield piece
+                if pos < want and (packed.ended or packed.read - read_to < self._part_bytes):
+                    raise ResultMissing(f"chunk {seq} of export {key.export_id} expands to fewer bytes than it holds")
             if pos >= chunk_size:
-                seq, pos = seq + 1, 0
+                seq, pos, packed = seq + 1, 0, None
 
     async def _query(self, key: ResultKey, query: str, **params: int) -> list[tuple[Any, ...]]:
         """One read-only statement in its own short transaction under the org's context, rows in binary.
@@ -342,32 +350,40 @@ class PgResultStore:
                 return await cur.fetchall()
 
 
-async def _popped(pieces: list[bytes]) -> AsyncIterator[bytes]:
-    """The pieces in order (the list is reversed: the next is last), each dropped from the list once taken."""
-    while pieces:
-        piece = pieces.pop()
-        if piece:
-            yield piece
+class _Expanding:
+    """One packed chunk being expanded, its frame fed a part at a time (`read`: the frame's bytes so far, `made`:
+    the chunk's bytes expanded so far), so a download holds one part of a frame, as of a plain chunk."""
 
+    def __init__(self, piece: int) -> None:
+        self._expander = lz4.frame.LZ4FrameDecompressor()
+        self._piece = piece
+        self.read = 0
+        self.made = 0
 
-async def _expanded(frame: list[bytes], start: int, end: int, piece: int) -> AsyncIterator[bytes]:
-    """Bytes `start` to `end` of a packed chunk (`frame`, one lz4 frame, taken out of the list), `piece` bytes at
-    a time; what lies before `start` is expanded and dropped."""
-    expander = lz4.frame.LZ4FrameDecompressor()
-    data = frame.pop()
-    at = 0
-    while at < end and not expander.eof:
-        try:
-            out = expander.decompress(data, max_length=piece)
-        except RuntimeError as exc:  # lz4's word for a damaged frame
-            raise ResultMissing(f"a stored chunk does not expand: {exc}") from None
-        data = b""
-        if not out:
-            break
-        lo, hi = max(start - at, 0), min(end - at, len(out))
-        at += len(out)
-        if lo < hi:
-            yield out[lo:hi] if (lo, hi) != (0, len(out)) else out
+    @property
+    def ended(self) -> bool:
+        """The frame's end mark has been read."""
+        return bool(self._expander.eof)
+
+    async def expand(self, frame: list[bytes], start: int, end: int) -> AsyncIterator[bytes]:
+        """Feed the frame's next part (`frame`, its pieces last first, each dropped once fed) and yield what it
+        expands to between the chunk's bytes `start` and `end`, at most a piece at a time; what lies before
+        `start` is expanded and dropped. Stops at `end`, at the frame's end, or when the part is used up."""
+        while frame and self.made < end and not self.ended:
+            data = frame.pop()
+            self.read += len(data)
+            while self.made < end:
+                try:
+                    out = self._expander.decompress(data, max_length=self._piece)
+                except RuntimeError as exc:  # lz4's word for a damaged frame
+                    raise ResultMissing(f"a stored chunk does not expand: {exc}") from None
+                data = b""
+                if not out:
+                    break  # this piece is used up: the next one
+                lo, hi = max(start - self.made, 0), min(end - self.made, len(out))
+                self.made += len(out)
+                if lo < hi:
+                    yield out[lo:hi] if (lo, hi) != (0, len(out)) else out
 
 
 async def _finished(coro: Coroutine[Any, Any, T]) -> T:
