@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import lz4.frame
-from sqlalchemy import delete, insert, text
+from sqlalchemy import Insert, delete, insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from space.config import Settings
@@ -196,7 +196,8 @@ class _PgSink:
             await self._conn.execute(_insert_chunk(key, seq, packed))
 
 
-def _insert_chunk(key: ResultKey, seq: int, packed: Packed) -> Any:
+def _insert_chunk(key: ResultKey, seq: int, packed: Packed) -> Insert:
+    """The INSERT of one stored chunk."""
     return insert(ExportChunk).values(
         export_id=key.export_id,
         execution_id=key.execution_id,
