@@ -325,40 +325,31 @@ S3_BUCKET = "space-bench"
 
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
-    """moto's standalone S3 server on a free port, with the AWS variables pointing at it; yields the endpoint."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """moto's standalone S3 server on a free port (the tests' launcher), with the AWS variables pointing at it and
+    the bench's bucket made; yields the endpoint."""
+    from tests.exports.s3_fixtures import moto_server as launched
+
     saved = {
         k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
     }
-    try:
-        assert proc.stderr is not None
-        for line in proc.stderr:  # it says so once it listens
-            if "Running on" in line:
-                break
-        else:
-            raise RuntimeError("moto's server exited before listening")
-        endpoint = f"http://127.0.0.1:{port}"
-        os.environ.update(
-            AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1"
-        )
-        import boto3
+    with launched() as endpoint:
+        try:
+            os.environ.update(
+                AWS_ENDPOINT_URL=endpoint,
+                AWS_ACCESS_KEY_ID="bench",
+                AWS_SECRET_ACCESS_KEY="bench",
+                AWS_REGION="us-east-1",
+            )
+            import boto3
 
-        boto3.client("s3").create_bucket(Bucket=S3_BUCKET)
-        yield endpoint
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        proc.terminate()
-        proc.wait(10)
+            boto3.client("s3").create_bucket(Bucket=S3_BUCKET)
+            yield endpoint
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 COPY_QUERIES = {

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 import httpx
 import psycopg
@@ -21,6 +23,24 @@ from sqlalchemy import make_url
 from space.auth import service as auth
 from space.db import Database, UnitOfWork, app_url
 from space.db.migrate import upgrade
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def redis_reachable(url: str) -> bool:
+    """Whether something accepts connections at the Redis URL's host and port (within a second)."""
+    u = urlparse(url)
+    try:
+        with socket.create_connection((u.hostname or "127.0.0.1", u.port or 6379), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import Api
+from tests.helpers import Api, free_port
 
 SPACE = str(Path(sys.executable).with_name("space"))
 
@@ -23,12 +23,6 @@ SPACE = str(Path(sys.executable).with_name("space"))
 def _env(owner_url: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
     return {**env, "DATABASE_URL": owner_url, **extra}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_users_add_prints_a_working_token(owner_url: str) -> None:
@@ -39,7 +33,7 @@ def test_users_add_prints_a_working_token(owner_url: str) -> None:
     assert out.returncode == 0, out.stderr
     token = out.stdout.strip().splitlines()[-1]
     assert token.startswith("spc_") and len(token) >= 43
-    port = _free_port()
+    port = free_port()
     # The token works against a real API process, and `tokens revoke` ends it.
     with _running(owner_url, port, "api"):
         r = httpx.get(f"http://127.0.0.1:{port}/me", headers={"Authorization": f"Bearer {token}"})
@@ -70,7 +64,7 @@ def test_invalid_setting_stops_startup_naming_the_variable(owner_url: str) -> No
 
 
 def test_space_up_answers_health_and_stops(owner_url: str) -> None:
-    port = _free_port()
+    port = free_port()
     with _running(owner_url, port, "up") as proc:
         r = httpx.get(f"http://127.0.0.1:{port}/health")
         assert r.status_code == 200 and r.json() == {"status": "ok", "database": "ok"}

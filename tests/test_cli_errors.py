@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from sqlalchemy import make_url
 
-from tests.helpers import fresh_database
+from tests.helpers import free_port, fresh_database
 
 SPACE = str(Path(sys.executable).with_name("space"))
 
@@ -48,12 +48,6 @@ def _one_line(out: subprocess.CompletedProcess[str], *needles: str) -> str:
     return lines[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _url(owner_url: str, **parts: str | int | None) -> str:
     return make_url(owner_url).set(**parts).render_as_string(hide_password=False)  # type: ignore[arg-type]
 
@@ -74,8 +68,8 @@ def _tcp_owner_url(owner_url: str) -> str:
 
 
 def test_unreachable_database_is_one_line_for_every_command(owner_url: str) -> None:
-    port = _free_port()  # bound and released: nothing listens there
-    env = _env(DATABASE_URL=f"postgresql://postgres@127.0.0.1:{port}/space", SPACE_PORT=str(_free_port()))
+    port = free_port()  # bound and released: nothing listens there
+    env = _env(DATABASE_URL=f"postgresql://postgres@127.0.0.1:{port}/space", SPACE_PORT=str(free_port()))
     for args in (
         ["migrate"],
         ["users", "add", "a@example.test", "--name", "A"],
@@ -95,7 +89,7 @@ def test_credentials_refused_names_the_role_and_the_setting(owner_url: str) -> N
     # The app role's own URL is named when it is the one refused (the owner is fine, the schema is there).
     out = _run(
         ["api"],
-        _env(DATABASE_URL=url, SPACE_APP_DATABASE_URL=_url(url, username=nobody), SPACE_PORT=str(_free_port())),
+        _env(DATABASE_URL=url, SPACE_APP_DATABASE_URL=_url(url, username=nobody), SPACE_PORT=str(free_port())),
     )
     _one_line(out, nobody, "SPACE_APP_DATABASE_URL")
 
@@ -107,7 +101,7 @@ def test_missing_database_says_so(owner_url: str) -> None:
 
 
 def test_serving_an_unmigrated_database_says_run_space_migrate(empty_db: str) -> None:
-    env = _env(DATABASE_URL=empty_db, SPACE_PORT=str(_free_port()))
+    env = _env(DATABASE_URL=empty_db, SPACE_PORT=str(free_port()))
     for args in (["api"], ["worker"]):
         _one_line(_run(args, env), "not migrated", "run `space migrate`")
     # Nothing was created on the way: the database is as empty as before.
@@ -135,7 +129,7 @@ def test_data_folder_not_writable(tmp_path: Path) -> None:
     data = tmp_path / "file" / "data"
     for args in (["migrate"], ["up"]):
         _one_line(
-            _run(args, _env(SPACE_DATA_DIR=str(data), SPACE_PORT=str(_free_port()))),
+            _run(args, _env(SPACE_DATA_DIR=str(data), SPACE_PORT=str(free_port()))),
             str(data),
             "not writable",
             "SPACE_DATA_DIR",
@@ -150,7 +144,7 @@ def test_rejected_setting_is_one_line(owner_url: str) -> None:
 
 
 def test_debug_shows_the_traceback() -> None:
-    url = f"postgresql://postgres@127.0.0.1:{_free_port()}/space"
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/space"
     for args, extra in ((["--debug", "migrate"], {}), (["migrate"], {"SPACE_DEBUG": "1"})):
         out = _run(args, _env(DATABASE_URL=url, **extra))
         assert out.returncode != 0 and "Traceback" in out.stderr and "OperationalError" in out.stderr, out.stderr
@@ -198,7 +192,7 @@ def _read_until(proc: subprocess.Popen[str], needle: str, timeout: float) -> lis
 
 
 def test_up_banner_means_the_api_answers(owner_url: str) -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [SPACE, "up"],
         env=_env(DATABASE_URL=owner_url, SPACE_PORT=str(port)),
@@ -225,11 +219,11 @@ def test_up_banner_means_the_api_answers(owner_url: str) -> None:
 def test_up_failing_after_the_embedded_start_stops_it(tmp_path: Path) -> None:
     # The queue is unreachable: `space up` gets as far as starting the embedded server and migrating, then
     # must stop that server again, print no banner, and exit non-zero with the one line that matters.
-    redis_port = _free_port()
+    redis_port = free_port()
     env = _env(
         SPACE_DATA_DIR=str(tmp_path / "data"),
         SPACE_QUEUE_URL=f"redis://127.0.0.1:{redis_port}/0",
-        SPACE_PORT=str(_free_port()),
+        SPACE_PORT=str(free_port()),
     )
     out = _run(["up"], env, timeout=120)
     _one_line(out, "queue", f"127.0.0.1:{redis_port}", "SPACE_QUEUE_URL")

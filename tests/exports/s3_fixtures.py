@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -29,7 +28,7 @@ from space.config import Settings
 from space.db import Database
 from space.exports.s3 import S3Location, S3ResultStore
 from space.exports.storage import PgResultStore, ResultStore
-from tests.helpers import Api, Org, TestUser
+from tests.helpers import Api, Org, TestUser, free_port
 
 BUCKET = "space-test"
 START_TIMEOUT = 30.0
@@ -58,13 +57,6 @@ class S3Server:
         return got
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _wait_listening(proc: subprocess.Popen[str]) -> None:
     """Wait (with a timeout) until moto's server says it runs; it prints that line once it listens."""
     lines: queue.Queue[str | None] = queue.Queue()
@@ -88,9 +80,9 @@ def _wait_listening(proc: subprocess.Popen[str]) -> None:
 
 
 @contextlib.contextmanager
-def _moto_server() -> Iterator[str]:
+def moto_server() -> Iterator[str]:
     """moto's standalone server on a free port, until the block ends; yields its endpoint."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -114,7 +106,7 @@ async def s3_server() -> AsyncIterator[S3Server]:
     """moto's S3 server for the whole session, the bucket created, the standard AWS variables pointing at it (the
     product and the worker processes the tests start read them as they would in production)."""
     saved = {k: os.environ.get(k) for k in [*AWS_ENV, "AWS_ENDPOINT_URL"]}
-    with _moto_server() as endpoint:
+    with moto_server() as endpoint:
         try:
             os.environ.update(AWS_ENV, AWS_ENDPOINT_URL=endpoint)
             client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")

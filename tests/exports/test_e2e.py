@@ -27,7 +27,7 @@ from tests.exports.fixtures import (
     parse_csv,
     wait_state,
 )
-from tests.helpers import Api
+from tests.helpers import Api, redis_reachable
 
 
 async def test_snapshot_and_csv_through_api_and_worker(api: Api, db: Database, settings: Settings) -> None:
@@ -109,19 +109,7 @@ async def test_worker_process_exports_then_stops_on_sigterm(api: Api, db: Databa
 REDIS_URL = os.environ.get("SPACE_TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
 
 
-def _redis_reachable() -> bool:
-    import socket
-    from urllib.parse import urlparse
-
-    u = urlparse(REDIS_URL)
-    try:
-        with socket.create_connection((u.hostname or "127.0.0.1", u.port or 6379), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _redis_reachable(), reason="no Redis to test the optional Redis queue against")
+@pytest.mark.skipif(not redis_reachable(REDIS_URL), reason="no Redis to test the optional Redis queue against")
 async def test_export_through_the_optional_redis_queue(api: Api, db: Database, settings: Settings) -> None:
     # SPACE_QUEUE_URL=redis://... selects SAQ's Redis backend for both enqueueing (API) and the worker.
     import redis.asyncio as redis

@@ -14,12 +14,10 @@ import contextlib
 import dataclasses
 import logging
 import os
-import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
 
 import msgspec
 import psycopg
@@ -35,21 +33,12 @@ from space.db.migrate import upgrade
 from space.exports.queue import INSTALLATION, QueueIdentity, make_queue, queue_identity, read_installation_id
 from space.worker import run_worker
 from tests.exports.fixtures import WAIT, add_tickets, create_export, download, parse_csv, wait_for
-from tests.helpers import Api, Org, UserFactory, app_database, fresh_database
+from tests.helpers import Api, Org, UserFactory, app_database, fresh_database, redis_reachable
 
 REDIS_URL = os.environ.get("SPACE_TEST_SHARED_REDIS_URL", "redis://127.0.0.1:6379/5")
 
 
-def _redis_reachable() -> bool:
-    u = urlparse(REDIS_URL)
-    try:
-        with socket.create_connection((u.hostname or "127.0.0.1", u.port or 6379), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-needs_redis = pytest.mark.skipif(not _redis_reachable(), reason="no Redis to share between two installations")
+needs_redis = pytest.mark.skipif(not redis_reachable(REDIS_URL), reason="no Redis to share between two installations")
 
 
 @dataclass

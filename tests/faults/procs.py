@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import sys
 import uuid
 from collections import Counter
@@ -30,7 +29,7 @@ from space.db import Database
 from space.exports.maintenance import cleanup
 from space.exports.storage import PgResultStore
 from tests.exports.fixtures import add_tickets, download, parse_csv, wait_for
-from tests.helpers import Api, Org
+from tests.helpers import Api, Org, free_port
 
 SPACE = Path(sys.executable).with_name("space")
 """The installed console script (`.venv/bin/space`)."""
@@ -65,14 +64,6 @@ def process_env(database_url: str, **settings: str) -> dict[str, str]:
     env.update(settings)
     env["DATABASE_URL"] = database_url
     return env
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def wait_until(check: Callable[[], Awaitable[Any]], what: str, within: float = WAIT) -> Any:

@@ -248,11 +248,8 @@ async def has_recent_final_export(
             ExportJob.org_id == org_id,
             ExportJob.creator_id == user_id,
             ExportJob.kind.in_(FINAL_EXPORT_KINDS),
-            ExportJob.state == ExportState.completed.value,
             ExportJob.completed_at >= func.now() - window,
-            ExportJob.deleted_at.is_(None),
-            ExportJob.purged_at.is_(None),
-            ExportJob.expires_at > func.now(),
+            *_stored(),
         )
     )
     return bool(await session.scalar(select(recent)))

@@ -56,7 +56,7 @@ DownloadVia = Literal["bearer", "link"]
 
 NOT_READY_RETRY_AFTER = 5
 """Seconds a client is asked to wait before polling a queued or running export's result again."""
-BUSY_RETRY_AFTER = 30
+RATE_LIMIT_RETRY_AFTER = 30
 """Seconds to wait when the rate limit is held by exports still running (their end can't be predicted)."""
 LIST_LIMIT = 200
 """The newest exports a list shows."""
@@ -201,7 +201,9 @@ def _rate_limit(usage: ledger.Usage, limit: int, detail: str) -> None:
     if usage.counted < limit:
         return
     # Running or queued exports alone fill the limit: their end can't be predicted.
-    wait = BUSY_RETRY_AFTER if usage.active >= limit or usage.frees_in is None else max(1, math.ceil(usage.frees_in))
+    wait = (
+        RATE_LIMIT_RETRY_AFTER if usage.active >= limit or usage.frees_in is None else max(1, math.ceil(usage.frees_in))
+    )
     raise RateLimited(detail, headers={"Retry-After": str(wait)})
 
 
