@@ -73,6 +73,7 @@ import httpx
 import psycopg
 from psycopg import sql
 from sqlalchemy import make_url
+from tests.helpers import free_port
 
 from space.config import load_settings
 from space.db import Database, app_url
@@ -163,14 +164,6 @@ def fresh_database(admin_url: str) -> Iterator[str]:
     finally:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-def free_port() -> int:
-    """An unused local TCP port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def spawn(command: str, url: str, port: int, **settings: str) -> subprocess.Popen[bytes]:
@@ -327,29 +320,15 @@ S3_BUCKET = "space-bench"
 def moto_server() -> Iterator[str]:
     """moto's standalone S3 server on a free port (the tests' launcher), with the AWS variables pointing at it and
     the bench's bucket made; yields the endpoint."""
+    from tests.exports.s3_fixtures import aws_environment
     from tests.exports.s3_fixtures import moto_server as launched
 
-    saved = {
-        k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
-    }
-    with launched() as endpoint:
-        try:
-            os.environ.update(
-                AWS_ENDPOINT_URL=endpoint,
-                AWS_ACCESS_KEY_ID="bench",
-                AWS_SECRET_ACCESS_KEY="bench",
-                AWS_REGION="us-east-1",
-            )
-            import boto3
+    credentials = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"}
+    with launched() as endpoint, aws_environment(**credentials, AWS_ENDPOINT_URL=endpoint):
+        import boto3
 
-            boto3.client("s3").create_bucket(Bucket=S3_BUCKET)
-            yield endpoint
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        boto3.client("s3").create_bucket(Bucket=S3_BUCKET)
+        yield endpoint
 
 
 COPY_QUERIES = {

@@ -35,8 +35,8 @@ from tests.exports.fixtures import (
 from tests.helpers import Api, Org, UserFactory, app_database, fresh_database
 
 
-@pytest.fixture(scope="module")
-def ordinary_url(owner_url: str) -> Iterator[str]:
+@contextlib.contextmanager
+def _ordinary_database(owner_url: str, prefix: str) -> Iterator[str]:
     """A database owned by a new ordinary role, migrated by that role; both dropped at the end."""
     role = f"space_owner_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(owner_url, autocommit=True) as conn:
@@ -44,11 +44,18 @@ def ordinary_url(owner_url: str) -> Iterator[str]:
             sql.SQL("CREATE ROLE {} LOGIN CREATEDB CREATEROLE NOSUPERUSER NOBYPASSRLS").format(sql.Identifier(role))
         )
     try:
-        with fresh_database(owner_url, "space_ord", owner=role) as url:
+        with fresh_database(owner_url, prefix, owner=role) as url:
             yield url
     finally:
         with psycopg.connect(owner_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+@pytest.fixture(scope="module")
+def ordinary_url(owner_url: str) -> Iterator[str]:
+    """A database owned by a new ordinary role, migrated by that role."""
+    with _ordinary_database(owner_url, "space_ord") as url:
+        yield url
 
 
 @contextlib.asynccontextmanager
@@ -164,37 +171,28 @@ async def test_downgrade_from_packed_chunks_purges_their_results_as_an_ordinary_
     """0013's downgrade, run by an ordinary owner: the exports whose result is packed read as purged and their
     chunks are gone (0012 would serve a frame as it is stored); a plain result is kept. Under forced RLS the
     owner saw those rows but its UPDATE and DELETE matched none, until the downgrade lifted the force."""
-    role = f"space_owner_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(owner_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE ROLE {} LOGIN CREATEDB CREATEROLE NOSUPERUSER NOBYPASSRLS").format(sql.Identifier(role))
-        )
-    try:
-        with fresh_database(owner_url, "space_ord_down", owner=role) as url:
-            settings = load_settings({}, database_url=url)
-            async with _app(settings) as (api, db):
-                org = await api.org()
-                await add_tickets(db, org.id, org.member, ["the same words again"] * 300)
-                export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
-                assert await _run(tuned(settings, export_chunk_bytes=1024), db, org, export["id"]) == "completed"
-                plain = str(await insert_export(db, org.id, org.owner.id, chunks=2))
-            # Read as the server's superuser: the ordinary owner itself sees only queued and running exports.
-            admin = make_url(url).set(username=make_url(owner_url).username).render_as_string(hide_password=False)
-            count = "SELECT count(*) FILTER (WHERE codec IS NOT NULL), count(*) FROM export_chunks WHERE export_id = %s"
-            with psycopg.connect(admin) as conn:
-                packed, stored = conn.execute(count, (export["id"],)).fetchone() or (0, 0)
-            assert packed == stored > 2
-            downgrade(url, "0012")
-            with psycopg.connect(admin) as conn:
-                rows = conn.execute(
-                    "SELECT j.id::text, j.purged_at IS NOT NULL, count(c.seq) FROM export_jobs j"
-                    " LEFT JOIN export_chunks c ON c.export_id = j.id GROUP BY j.id"
-                ).fetchall()
-                forced = conn.execute(
-                    "SELECT bool_and(relforcerowsecurity) FROM pg_class WHERE relname IN ('export_jobs', 'export_chunks')"
-                ).fetchone()
-            assert sorted(rows) == sorted([(export["id"], True, 0), (plain, False, 2)])
-            assert forced == (True,)
-    finally:
-        with psycopg.connect(owner_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    with _ordinary_database(owner_url, "space_ord_down") as url:
+        settings = load_settings({}, database_url=url)
+        async with _app(settings) as (api, db):
+            org = await api.org()
+            await add_tickets(db, org.id, org.member, ["the same words again"] * 300)
+            export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
+            assert await _run(tuned(settings, export_chunk_bytes=1024), db, org, export["id"]) == "completed"
+            plain = str(await insert_export(db, org.id, org.owner.id, chunks=2))
+        # Read as the server's superuser: the ordinary owner itself sees only queued and running exports.
+        admin = make_url(url).set(username=make_url(owner_url).username).render_as_string(hide_password=False)
+        count = "SELECT count(*) FILTER (WHERE codec IS NOT NULL), count(*) FROM export_chunks WHERE export_id = %s"
+        with psycopg.connect(admin) as conn:
+            packed, stored = conn.execute(count, (export["id"],)).fetchone() or (0, 0)
+        assert packed == stored > 2
+        downgrade(url, "0012")
+        with psycopg.connect(admin) as conn:
+            rows = conn.execute(
+                "SELECT j.id::text, j.purged_at IS NOT NULL, count(c.seq) FROM export_jobs j"
+                " LEFT JOIN export_chunks c ON c.export_id = j.id GROUP BY j.id"
+            ).fetchall()
+            forced = conn.execute(
+                "SELECT bool_and(relforcerowsecurity) FROM pg_class WHERE relname IN ('export_jobs', 'export_chunks')"
+            ).fetchone()
+        assert sorted(rows) == sorted([(export["id"], True, 0), (plain, False, 2)])
+        assert forced == (True,)

@@ -101,28 +101,34 @@ def moto_server() -> Iterator[str]:
             proc.wait()
 
 
+@contextlib.contextmanager
+def aws_environment(**values: str) -> Iterator[None]:
+    """The standard AWS variables set to `values` until the block ends, then as they were."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        os.environ.update(values)
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 @pytest.fixture(scope="session")
 async def s3_server() -> AsyncIterator[S3Server]:
     """moto's S3 server for the whole session, the bucket created, the standard AWS variables pointing at it (the
     product and the worker processes the tests start read them as they would in production)."""
-    saved = {k: os.environ.get(k) for k in [*AWS_ENV, "AWS_ENDPOINT_URL"]}
-    with moto_server() as endpoint:
-        try:
-            os.environ.update(AWS_ENV, AWS_ENDPOINT_URL=endpoint)
-            client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-            client.create_bucket(Bucket=BUCKET)
-            yield S3Server(endpoint, client)
-            # The runners' stores (their client connections), closed while the loop still runs.
-            for store in _STORES.values():
-                with contextlib.suppress(Exception):
-                    await store.aclose()
-            _STORES.clear()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with moto_server() as endpoint, aws_environment(**AWS_ENV, AWS_ENDPOINT_URL=endpoint):
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        yield S3Server(endpoint, client)
+        # The runners' stores (their client connections), closed while the loop still runs.
+        for store in _STORES.values():
+            with contextlib.suppress(Exception):
+                await store.aclose()
+        _STORES.clear()
 
 
 def s3_settings(settings: Settings, **overrides: Any) -> Settings:
