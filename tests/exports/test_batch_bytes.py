@@ -3,16 +3,19 @@ each cut, and the read's connection closed after the export instead of pooled wi
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import re
 from collections import Counter
 from typing import Any
 
+import msgspec
 from sqlalchemy import event, text
 
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.demo import bulk_projects_and_tasks, bulk_tickets
+from space.exports import formats
 from space.exports.formats import _JSON_ROW_BYTES, Batch, Format, Snapshot, TicketsCsv
 from space.exports.pipeline import run_export
 from space.tickets.filters import TicketFilters, parse_filters
@@ -190,6 +193,24 @@ async def test_snapshot_cut_right_after_a_very_wide_row(api: Api, db: Database) 
     assert b"".join(bytes(b.data) for b in batches) == b"".join(bytes(b.data) for b in whole)
     tasks_json = b"".join(bytes(b.data) for b in batches).split(b'"tasks":[')[1]
     assert Counter(re.findall(rb'"id":"([0-9a-f-]{36})"', tasks_json)) == Counter(i.encode() for i in ids)
+
+
+async def test_wide_task_pages_give_the_json_msgspec_writes(api: Api, db: Database, monkeypatch: Any) -> None:
+    # Every text that needs escaping (each of msgspec's 34 escaped bytes) and some that look as if they might,
+    # among wide titles: after the first wide page the rows come as bytes and plain text goes out as it is.
+    escaped = "".join(chr(c) for c in [*range(1, 0x20), 0x22, 0x5C])
+    emoji = "\U0001f600"
+    titles = [WIDE, escaped + emoji * 450, '"' + emoji * 498 + '"', "\\" * 500, "\x7f\u2028\u2029/<>" + emoji * 490]
+    tasks = await _tasks(db, org := await api.org(), titles * 4)
+    fmt = Snapshot(uid(org.id), "Acme")
+    wide = await _read(db, org.id, fmt, 2, UNBOUNDED)
+    monkeypatch.setattr(formats, "WIDE_ROW_BYTES", UNBOUNDED)  # every page read as text, encoded by msgspec
+    plain = await _read(db, org.id, fmt, 2, UNBOUNDED)
+    data = b"".join(bytes(b.data) for b in wide)
+    assert data == b"".join(bytes(b.data) for b in plain)
+    assert [b.rows for b in wide if b.rows] == [b.rows for b in plain if b.rows]
+    document = msgspec.json.decode(fmt.header(dt.datetime.now(dt.UTC)) + data + fmt.footer())
+    assert [f"{t['id']}\t{t['title']}" for t in document["tasks"]] == tasks
 
 
 async def test_the_read_connection_is_closed_after_the_export(api: Api, db: Database, settings: Settings) -> None:

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
@@ -64,6 +64,10 @@ BOM = "\ufeff".encode()
 CRLF = "\r\n"
 SCHEMA_VERSION = 1
 _ENCODE_ROWS = 2000
+ENCODE_BYTES = 128 * 1024
+"""About this many bytes of snapshot rows are encoded at a time (at most _ENCODE_ROWS rows)."""
+WIDE_ROW_BYTES = 1024
+"""Snapshot rows wider than this on average (name or title and the rest) make the next page a wide one."""
 # A snapshot batch's rows arrive whole in the worker's memory (libpq keeps a query's result until it is
 # done with), two batches at a time while the next is read ahead: at most this many rows per batch keeps
 # that near 4 MB. A CSV batch is one string and keeps the configured size.
@@ -306,6 +310,37 @@ class SnapshotDocument(msgspec.Struct, rename="camel", forbid_unknown_fields=Tru
     tasks: list[SnapshotTask]
 
 
+_ESCAPED = bytes([*range(0x20), ord('"'), ord("\\")])
+"""The bytes msgspec writes escaped in a JSON string (`"`, backslash, controls); UTF-8 text without them it
+writes as it is."""
+
+
+def _quoted(value: bytes) -> Any:
+    """UTF-8 text that needs no escaping, as the JSON string msgspec would write (Any: it stands for a str)."""
+    return msgspec.Raw(b'"' + value + b'"')
+
+
+def _json_text(value: bytes) -> Any:
+    """Text as it came (UTF-8 bytes): as it is, quoted, when no byte needs escaping; else the str for msgspec."""
+    return _quoted(value) if len(value.translate(None, _ESCAPED)) == len(value) else value.decode()
+
+
+def _raw_task(row: tuple[Any, ...]) -> SnapshotTask:
+    """A wide page's task row, its text columns as bytes (see `Snapshot._keyset`), the same JSON as `SnapshotTask`."""
+    key, project, title, status, due, created, updated, _ = row
+    if not (created.microsecond and updated.microsecond):
+        created, updated = _stamp(created), _stamp(updated)
+    return SnapshotTask(
+        _quoted(key),
+        _quoted(project),
+        _json_text(title),
+        status.decode(),
+        due,
+        created,
+        updated,
+    )
+
+
 def _whole_seconds(row: tuple[Any, ...]) -> tuple[Any, ...]:
     # Rare (one value in a million): the last two columns, as the text msgspec would not write.
     *head, created, updated = row
@@ -377,7 +412,9 @@ class Snapshot:
             Task.updated_at,
         ).where(Task.org_id == self.org_id, Task.project_id == any_(bindparam("live", type_=ARRAY(Uuid))))
         width = func.octet_length(Task.title) + _JSON_ROW_BYTES
-        async for batch in self._keyset(session, (size, budget), tasks, (Task.id, width), SnapshotTask, {"live": live}):
+        async for batch in self._keyset(
+            session, (size, budget), tasks, (Task.id, width), SnapshotTask, {"live": live}, _raw_task
+        ):
             yield batch
 
     async def _keyset(
@@ -388,11 +425,15 @@ class Snapshot:
         order: tuple[Any, ColumnElement[int]],
         out: type[msgspec.Struct],
         values: dict[str, Any],
+        raw: Callable[[tuple[Any, ...]], msgspec.Struct] | None = None,
     ) -> AsyncIterator[Batch]:
         # UUIDs arrive as text (uuid objects only to print them again would cost more than all the rest);
         # timestamps as datetimes, which the C loader makes and msgspec writes faster than to_char would.
         # Each row ends with `upto`, the page's estimated bytes up to and including it (read from the last row
         # only, for the pace; the encoding leaves it out).
+        # Wide rows: after a page whose rows averaged over WIDE_ROW_BYTES, the next is read with its text as
+        # UTF-8 bytes and turned into rows by `raw`, which passes text that needs no escaping on as it is: for
+        # 2,000-byte titles, decoding and encoding them again was most of the worker's time.
         size, budget = bounds
         key, width = order
         start = compiled(session, _sized(query, key, width))
@@ -407,10 +448,14 @@ class Snapshot:
             await cur.execute(sql, bound, prepare=False)
             return cur
 
-        # Two cursors: while one's result is turned into JSON here, the other's query runs in the database.
-        async with conn.cursor(binary=True) as one, conn.cursor(binary=True) as other:
-            cursors = [one, other]
-            ahead: asyncio.Task[psycopg.AsyncCursor[Any]] | None = asyncio.create_task(run(one, None))
+        # Two cursors a kind (text as str, text as bytes): while one's result is turned into JSON here, the
+        # other's query runs in the database.
+        async with contextlib.AsyncExitStack() as stack:
+            cursors = [await stack.enter_async_context(conn.cursor(binary=True)) for _ in range(4)]
+            for cur in cursors[2:]:
+                cur.adapters.register_loader("text", ByteaBinaryLoader)
+            plain, wide = cursors[:2], cursors[2:]
+            ahead: asyncio.Task[psycopg.AsyncCursor[Any]] | None = asyncio.create_task(run(plain[0], None))
             first = True
             try:
                 while ahead is not None:
@@ -423,22 +468,33 @@ class Snapshot:
                     final = await cur.fetchone()
                     assert final is not None
                     last, upto = final[0], final[-1]
+                    as_bytes = isinstance(last, bytes)
+                    if as_bytes:
+                        last = last.decode()
                     await cur.scroll(0, mode="absolute")
                     # A page cut by the budget has fewer rows than its limit too; only an empty one is the end.
                     pace.saw(rows, upto)
-                    cursors.reverse()
-                    ahead = asyncio.create_task(run(cursors[0], last))
+                    plain.reverse()
+                    wide.reverse()
+                    kind = wide if raw is not None and upto > WIDE_ROW_BYTES * rows else plain
+                    ahead = asyncio.create_task(run(kind[0], last))
                     await asyncio.sleep(0)  # let it send the query before the CPU work below
-                    # A few thousand rows at a time become Python objects and bytes; the slices go out as they
-                    # are made (memory stays at a slice), the batch's row count with its last slice.
+                    # About ENCODE_BYTES at a time become Python objects and bytes; the slices go out as they are
+                    # made (memory stays at a slice), the batch's row count with its last slice. Between slices
+                    # the event loop runs: the next page's rows, which the database sends meanwhile, are taken
+                    # off the socket (a Unix socket holds about 200 KB; a full one stops the backend).
+                    step = max(1, min(_ENCODE_ROWS, ENCODE_BYTES * rows // max(1, upto)))
                     done = 0
-                    while part := await cur.fetchmany(_ENCODE_ROWS):
-                        data = bytearray()
-                        stamp = part[0][-2]
-                        if stamp.utcoffset() != _ZERO:
+                    while part := await cur.fetchmany(step):
+                        if done:
+                            await asyncio.sleep(0)
+                        if part[0][-2].utcoffset() != _ZERO:
                             raise RuntimeError("the snapshot's session must be in UTC")
+                        data = bytearray()
                         self._encoder.encode_into(
-                            [
+                            [raw(row) for row in part]  # type: ignore[misc]
+                            if as_bytes
+                            else [
                                 out(*row[:-1])
                                 if row[-2].microsecond and row[-3].microsecond
                                 else out(*_whole_seconds(row[:-1]))
