@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Generic, TypeVar
 
 import msgspec
-from litestar.params import QueryParameter
 
 # No NUL anywhere (PostgreSQL text can't hold it) and at least one visible character.
 _TEXT = r"^(?=[\s\S]*\S)[^\x00]*$"
@@ -15,16 +14,6 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=_TEXT)]
 Title = Annotated[str, msgspec.Meta(min_length=1, max_length=500, pattern=_TEXT)]
 Body = Annotated[str, msgspec.Meta(max_length=100_000, pattern=_ANY_TEXT)]
 Query = Annotated[str, msgspec.Meta(max_length=200, pattern=_ANY_TEXT)]
-MAX_PAGE_SIZE = 200
-DEFAULT_PAGE_SIZE = 50
-# Keeps OFFSET = (page - 1) * pageSize far inside bigint, whatever the caller sends.
-MAX_PAGE = 1_000_000
-
-PageNumber = Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)]
-"""The `page` query parameter of a paginated list (from 1)."""
-PageSize = Annotated[int, QueryParameter(ge=1, le=MAX_PAGE_SIZE)]
-"""The `pageSize` query parameter of a paginated list."""
-
 Email = Annotated[str, msgspec.Meta(min_length=3, max_length=320, pattern=r"^[^\s@\x00]+@[^\s@\x00]+$")]
 
 

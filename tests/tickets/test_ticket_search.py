@@ -15,14 +15,11 @@ from sqlalchemy import make_url, text
 from space.app import create_app
 from space.config import load_settings
 from space.db import APP_ROLE, Database, Tenant, UnitOfWork
-from space.db.migrate import upgrade
-from space.demo import seed_org
 from space.tickets.service import SEARCH_MAX_IDS
 from tests.exports.fixtures import add_tickets, wait_for
-from tests.helpers import Api, Org, app_database, fresh_database
-from tests.helpers import TestUser as Person  # not collected as a test class, app_database, fresh_database
+from tests.helpers import Api, Org
+from tests.million import RARE, Million
 
-RARE = "Xylophonique"
 API_STATEMENT_TIMEOUT_MS = 5000
 """SPEC §14's default for SPACE_API_STATEMENT_TIMEOUT_MS."""
 TRIGRAM_INDEXES = ("tickets_title_trgm_idx", "tickets_body_trgm_idx")
@@ -116,62 +113,48 @@ def _index_scans(url: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-async def test_search_in_a_million_tickets_is_served_by_the_index(owner_url: str) -> None:
-    # Seeded before 0005, then migrated: the indexes are built in bulk, as on an existing deployment (and faster
-    # than a million incremental GIN inserts).
-    with psycopg.connect(owner_url) as conn:
+async def test_search_in_a_million_tickets_is_served_by_the_index(million: Million) -> None:
+    url, org_id, hits = million.url, million.big_id, million.hits
+    member = next(p for p in million.big if p.role == "member")
+    with psycopg.connect(url) as conn:
         if conn.execute("SELECT FROM pg_available_extensions WHERE name = 'pg_trgm'").fetchone() is None:
             pytest.skip("pg_trgm is not available on this server (no contrib): 0005 makes no trigram index here")
-    with fresh_database(owner_url, "space_search", revision="0004") as url:
-        async with app_database(url, "space-tests-search-seed") as db:
-            people = await seed_org(db, "Big", tickets=1_000_000, tasks=0)
-            member = next(p for p in people if p.role == "member")
-            async with UnitOfWork(db.sessionmaker) as uow:
-                creator = await uow.session.scalar(text("SELECT id FROM users WHERE email = :e"), {"e": member.email})
-            # A user reads their own memberships through app.user_id.
-            async with UnitOfWork(db.sessionmaker, Tenant(user_id=creator)) as uow:
-                org_id = await uow.session.scalar(
-                    text("SELECT org_id FROM memberships WHERE user_id = :u"), {"u": creator}
-                )
-            assert org_id is not None and creator is not None
-            who = Person(creator, member.email, "", member.token)
-            # A few matches among a million: in titles, in a body, in other cases.
-            hits = await add_tickets(db, org_id, who, [f"printer {RARE} jam", f"{RARE.upper()}!"])
-            hits += await add_tickets(db, org_id, who, ["plain"], body=f"see {RARE.lower()} log")
-            await add_tickets(db, org_id, who, ["Xylophoni que"], body="Xylophoniqu e")
-        upgrade(url)
-        with psycopg.connect(url) as conn:
-            present = conn.execute(
-                "SELECT count(*) FROM pg_indexes WHERE indexname = ANY(%s)", (list(TRIGRAM_INDEXES),)
-            )
-            assert present.fetchone() == (2,), "0005 made no trigram index although pg_trgm is available"
+        present = conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = ANY(%s)", (list(TRIGRAM_INDEXES),))
+        assert present.fetchone() == (2,), "0005 made no trigram index although pg_trgm is available"
+    timeout = sql.SQL("ALTER ROLE {} IN DATABASE {} {}").format
+    role, database = sql.Identifier(APP_ROLE), sql.Identifier(make_url(url).database or "")
+    with psycopg.connect(url, autocommit=True) as conn:
+        # What SPEC §14 gives API queries; set for the app role's new connections in this database only.
+        conn.execute(
+            timeout(role, database, sql.SQL("SET statement_timeout = {}").format(sql.Literal(API_STATEMENT_TIMEOUT_MS)))
+        )
+    try:
+        await _search_by_index(url, org_id, member.token, hits)
+    finally:
         with psycopg.connect(url, autocommit=True) as conn:
-            # What SPEC §14 gives API queries; set for the app role's new connections in this database only.
-            conn.execute(
-                sql.SQL("ALTER ROLE {} IN DATABASE {} SET statement_timeout = {}").format(
-                    sql.Identifier(APP_ROLE),
-                    sql.Identifier(make_url(url).database or ""),
-                    sql.Literal(API_STATEMENT_TIMEOUT_MS),
-                )
-            )
-        scans = _index_scans(url)
-        settings = load_settings({}, database_url=url)
-        async with AsyncTestClient(app=create_app(settings)) as client:
-            r = await client.get(
-                f"/orgs/{org_id}/tickets",
-                params={"q": RARE.lower(), "pageSize": 100},
-                headers={"Authorization": f"Bearer {member.token}"},
-            )
-            assert r.status_code == 200, r.text
-            body = r.json()
-            assert [t["number"] for t in body["items"]] == hits and body["total"] == len(hits)
-            assert min(hits) > 1_000_000
-            app_db = client.app.state.db
-            async with app_db.engine.connect() as conn:
-                assert (await conn.scalar(text("SHOW statement_timeout"))) == "5s"
+            conn.execute(timeout(role, database, sql.SQL("RESET statement_timeout")))
 
-            # The trigram index answered it (the API connection reports its statistics when it goes idle).
-            async def used() -> bool:
-                return _index_scans(url) > scans
 
-            await wait_for(used, "the trigram index's scan count to grow", within=30)
+async def _search_by_index(url: str, org_id: uuid.UUID, token: str, hits: list[int]) -> None:
+    """The API's search for RARE answers the hits, through the trigram index."""
+    scans = _index_scans(url)
+    settings = load_settings({}, database_url=url)
+    async with AsyncTestClient(app=create_app(settings)) as client:
+        r = await client.get(
+            f"/orgs/{org_id}/tickets",
+            params={"q": RARE.lower(), "pageSize": 100},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert [t["number"] for t in body["items"]] == hits and body["total"] == len(hits)
+        assert min(hits) > 1_000_000
+        app_db = client.app.state.db
+        async with app_db.engine.connect() as conn:
+            assert (await conn.scalar(text("SHOW statement_timeout"))) == "5s"
+
+        # The trigram index answered it (the API connection reports its statistics when it goes idle).
+        async def used() -> bool:
+            return _index_scans(url) > scans
+
+        await wait_for(used, "the trigram index's scan count to grow", within=30)

@@ -26,11 +26,12 @@ from litestar.response import Redirect, Stream
 from litestar.response.base import ASGIResponse
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from space.errors import Busy, RangeNotSatisfiable, problem_for
+from space.errors import Busy, RangeNotSatisfiable
 
 if TYPE_CHECKING:
     from space.exports.service import Download
 from space.observability import metrics
+from space.problems import problem_for
 
 BUSY_RETRY_AFTER = 5
 """Seconds a client is asked to wait when every download slot of the process is taken."""

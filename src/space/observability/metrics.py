@@ -9,13 +9,10 @@ the same numbers. No label carries an org, a user or an export id (every label v
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from litestar.plugins.prometheus import PrometheusConfig, PrometheusMiddleware
-from litestar.types import ASGIApp, Receive, Scope, Send
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -174,44 +171,3 @@ class WorkerMetricsServer:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-
-
-_SPAN: contextvars.ContextVar[dict[str, float]] = contextvars.ContextVar("space_http_span")
-
-
-class HttpMetrics(PrometheusMiddleware):
-    """Litestar's Prometheus middleware, which also counts a request refused by a middleware inside it (a 401).
-
-    Such a refusal is an exception that the app's exception handler, outside every middleware, turns into the
-    response; the plugin alone would count it as a 200. Here its status is taken from the exception.
-    """
-
-    def __init__(self, app: ASGIApp, config: PrometheusConfig) -> None:
-        super().__init__(app, config)
-        inner = self.app
-
-        async def app_with_status(scope: Scope, receive: Receive, send: Send) -> None:
-            try:
-                await inner(scope, receive, send)
-            except Exception as exc:
-                span = _SPAN.get(None)
-                if span is not None:
-                    span["status_code"] = _status_of(exc)
-                raise
-
-        self.app = app_with_status
-
-    def _get_wrapped_send(self, send: Send, request_span: dict[str, float]) -> Callable[..., Any]:
-        _SPAN.set(request_span)
-        return super()._get_wrapped_send(send, request_span)
-
-
-def _status_of(exc: Exception) -> int:
-    status = getattr(exc, "status_code", None) or getattr(exc, "status", None)
-    return status if isinstance(status, int) and 400 <= status <= 599 else 500
-
-
-HTTP_METRICS = PrometheusConfig(
-    app_name="space", prefix="space_http", group_path=True, exclude=["^/metrics$"], middleware_class=HttpMetrics
-)
-"""HTTP request counts and latencies, labelled by the route's path template (never an id from the path)."""

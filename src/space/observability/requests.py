@@ -1,4 +1,4 @@
-"""Request ids and the one log line per request (SPEC §16).
+"""Request ids, the one log line per request and the request metrics (SPEC §16).
 
 The id is the client's `X-Request-ID` when it is a plausible id (at most 128 letters, digits and `._:-`), else
 a new one; it is echoed on the response and bound to every log line written while the request runs. The
@@ -7,14 +7,17 @@ request line names the path without its query string (a link's token and a searc
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from litestar.datastructures import MutableScopeHeaders
 from litestar.enums import ScopeType
+from litestar.plugins.prometheus import PrometheusConfig, PrometheusMiddleware
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from space.observability import logs
@@ -73,3 +76,44 @@ def request_ids(app: ASGIApp) -> ASGIApp:
                 )
 
     return middleware
+
+
+_SPAN: contextvars.ContextVar[dict[str, float]] = contextvars.ContextVar("space_http_span")
+
+
+class HttpMetrics(PrometheusMiddleware):
+    """Litestar's Prometheus middleware, which also counts a request refused by a middleware inside it (a 401).
+
+    Such a refusal is an exception that the app's exception handler, outside every middleware, turns into the
+    response; the plugin alone would count it as a 200. Here its status is taken from the exception.
+    """
+
+    def __init__(self, app: ASGIApp, config: PrometheusConfig) -> None:
+        super().__init__(app, config)
+        inner = self.app
+
+        async def app_with_status(scope: Scope, receive: Receive, send: Send) -> None:
+            try:
+                await inner(scope, receive, send)
+            except Exception as exc:
+                span = _SPAN.get(None)
+                if span is not None:
+                    span["status_code"] = _status_of(exc)
+                raise
+
+        self.app = app_with_status
+
+    def _get_wrapped_send(self, send: Send, request_span: dict[str, float]) -> Callable[..., Any]:
+        _SPAN.set(request_span)
+        return super()._get_wrapped_send(send, request_span)
+
+
+def _status_of(exc: Exception) -> int:
+    status = getattr(exc, "status_code", None) or getattr(exc, "status", None)
+    return status if isinstance(status, int) and 400 <= status <= 599 else 500
+
+
+HTTP_METRICS = PrometheusConfig(
+    app_name="space", prefix="space_http", group_path=True, exclude=["^/metrics$"], middleware_class=HttpMetrics
+)
+"""HTTP request counts and latencies, labelled by the route's path template (never an id from the path)."""

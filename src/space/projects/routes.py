@@ -7,9 +7,9 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
 from space.orgs.deps import MEMBER, STAFF, MemberContext, parse_id
+from space.pagination import DEFAULT_PAGE_SIZE, PageNumber, PageSize
 from space.projects import service
 from space.projects.schemas import Project, ProjectCreate, ProjectPage, ProjectUpdate, Task, TaskCreate, TaskPage
-from space.schemas import DEFAULT_PAGE_SIZE, PageNumber, PageSize
 
 
 class ProjectController(Controller):

@@ -7,7 +7,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from space.orgs.deps import MEMBER, STAFF, MemberContext
-from space.schemas import DEFAULT_PAGE_SIZE, PageNumber, PageSize
+from space.pagination import DEFAULT_PAGE_SIZE, PageNumber, PageSize
 from space.tickets import service
 from space.tickets.filters import Assignment, Priority, TicketStatus, parse_filters
 from space.tickets.schemas import Ticket, TicketCreate, TicketPage, TicketUpdate
