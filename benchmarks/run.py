@@ -94,6 +94,8 @@ WIDE_ROWS = 200_000
 """Tickets, and tasks, of the wide-row cases."""
 WIDE_CHARS = 500
 """Characters of a wide title (the API's limit), each of four bytes in UTF-8."""
+WIDE_ROUNDS = 3
+"""Each wide case runs its COPY and its export this many times in the run; the median ratio is the case."""
 
 
 def wide_titles(n: int = 8) -> list[str]:
@@ -371,10 +373,13 @@ async def separate_processes(
     plan: list[tuple[str, str, str]],
     tmp: Path,
     warm_org: str | None = None,
+    rounds: int = 1,
     **settings: str,
 ) -> tuple[list[Case], list[str]]:
     """Each case through `space api` + `space worker` (with these extra settings), beside its COPY; warmed up on
-    `warm_org` (default: the first case's org)."""
+    `warm_org` (default: the first case's org). With several `rounds`, each round runs the COPY and the export
+    again, one after the other, and the case is the round of the median export ratio, with the highest peaks of
+    all rounds (every round is logged)."""
     port = free_port()
     api = spawn("api", url, port, **settings)
     worker = spawn("worker", url, port, **{"SPACE_EXPORT_ROW_LIMIT": str(ARCHIVE_ROW_LIMIT), **settings})
@@ -391,36 +396,44 @@ async def separate_processes(
                 await download(client, warm_up, role, warm["id"], tmp / "warm-up")
             for name, org_name, kind in plan:
                 org = orgs[org_name]
-                log(f"{name}: COPY ...")
-                # The archive's baseline is the sum of its two parts' COPYs, run one after the other here.
-                copy_s = sum(
-                    copy_rows(url, part, org.id, tmp / f"copy-{name}-{part}")[0]
-                    for part in COPY_PARTS.get(kind, [kind])
-                )
-                for proc in (api, worker):
-                    reset_peak_rss(proc)
-                log(f"{name}: export through the API and the worker ...")
-                status, _ = await create_and_wait(client, org, "owner", kind)
-                export_ids.append(status["id"])
-                download_s, size = await download(client, org, "owner", status["id"], tmp / f"export-{name}")
-                assert size == status["byteSize"], (size, status["byteSize"])
-                export_s = _ts(status["completedAt"]) - _ts(status["createdAt"])
-                cases.append(
-                    Case(
-                        case=name,
-                        rows=int(status["rowCount"]),
-                        export_seconds=export_s,
-                        download_seconds=download_s,
-                        copy_seconds=copy_s,
-                        export_ratio=export_s / copy_s,
-                        download_ratio=download_s / copy_s,
-                        worker_peak_rss_mib=peak_rss_mib(worker),
-                        api_peak_rss_mib=peak_rss_mib(api),
+                measured: list[Case] = []
+                for _ in range(rounds):
+                    log(f"{name}: COPY ...")
+                    # The archive's baseline is the sum of its two parts' COPYs, run one after the other here.
+                    copy_s = sum(
+                        copy_rows(url, part, org.id, tmp / f"copy-{name}-{part}")[0]
+                        for part in COPY_PARTS.get(kind, [kind])
                     )
-                )
-                queued = _ts(status["startedAt"]) - _ts(status["createdAt"])
-                log(f"{name}: waited {queued:.3f} s for a worker, ran {export_s - queued:.3f} s, {size} bytes")
-                _empty(tmp)
+                    for proc in (api, worker):
+                        reset_peak_rss(proc)
+                    log(f"{name}: export through the API and the worker ...")
+                    status, _ = await create_and_wait(client, org, "owner", kind)
+                    export_ids.append(status["id"])
+                    download_s, size = await download(client, org, "owner", status["id"], tmp / f"export-{name}")
+                    assert size == status["byteSize"], (size, status["byteSize"])
+                    export_s = _ts(status["completedAt"]) - _ts(status["createdAt"])
+                    measured.append(
+                        Case(
+                            case=name,
+                            rows=int(status["rowCount"]),
+                            export_seconds=export_s,
+                            download_seconds=download_s,
+                            copy_seconds=copy_s,
+                            export_ratio=export_s / copy_s,
+                            download_ratio=download_s / copy_s,
+                            worker_peak_rss_mib=peak_rss_mib(worker),
+                            api_peak_rss_mib=peak_rss_mib(api),
+                        )
+                    )
+                    queued = _ts(status["startedAt"]) - _ts(status["createdAt"])
+                    log(f"{name}: waited {queued:.3f} s for a worker, ran {export_s - queued:.3f} s, {size} bytes")
+                    if rounds > 1:
+                        log(f"{name}: round {len(measured)}: {measured[-1].line()}")
+                    _empty(tmp)
+                median = sorted(measured, key=lambda c: c.export_ratio)[len(measured) // 2]
+                median.worker_peak_rss_mib = max(c.worker_peak_rss_mib for c in measured)
+                median.api_peak_rss_mib = max(c.api_peak_rss_mib for c in measured)
+                cases.append(median)
     finally:
         stop(worker)
         stop(api)
@@ -916,7 +929,11 @@ async def wide_rows(url: str, orgs: dict[str, Org], tmp: Path) -> list[Case]:
         conn.execute("CHECKPOINT")
     log(f"seeded and vacuumed in {time.perf_counter() - started:.1f} s")
     plan = [("tickets_csv_wide", "BenchWideTickets", "tickets_csv"), ("snapshot_wide", "BenchWideTasks", "snapshot")]
-    cases, _ = await separate_processes(url, orgs, plan, tmp, warm_org="BenchSmall")
+    # Three rounds, the median kept: on a shared 2-core machine a single COPY of these rows varied from 3.4 to
+    # 9.9 s between runs of the same code, more than the target's whole margin.
+    cases, _ = await separate_processes(
+        url, orgs, plan, tmp, warm_org="BenchSmall", rounds=WIDE_ROUNDS, SPACE_EXPORT_RATE_LIMIT=str(WIDE_ROUNDS)
+    )
     return cases
 
 

@@ -310,35 +310,27 @@ class SnapshotDocument(msgspec.Struct, rename="camel", forbid_unknown_fields=Tru
     tasks: list[SnapshotTask]
 
 
-_ESCAPED = bytes([*range(0x20), ord('"'), ord("\\")])
-"""The bytes msgspec writes escaped in a JSON string (`"`, backslash, controls); UTF-8 text without them it
-writes as it is."""
-
-
 def _quoted(value: bytes) -> Any:
     """UTF-8 text that needs no escaping, as the JSON string msgspec would write (Any: it stands for a str)."""
     return msgspec.Raw(b'"' + value + b'"')
 
 
-def _json_text(value: bytes) -> Any:
-    """Text as it came (UTF-8 bytes): as it is, quoted, when no byte needs escaping; else the str for msgspec."""
-    return _quoted(value) if len(value.translate(None, _ESCAPED)) == len(value) else value.decode()
-
-
 def _raw_task(row: tuple[Any, ...]) -> SnapshotTask:
-    """A wide page's task row, its text columns as bytes (see `Snapshot._keyset`), the same JSON as `SnapshotTask`."""
-    key, project, title, status, due, created, updated, _ = row
+    """A wide page's task row, its text columns as bytes (see `Snapshot._keyset`), the same JSON as `SnapshotTask`:
+    a title that holds no byte msgspec escapes (`title_plain`, migration 0014) goes out as it is stored."""
+    key, project, title, status, due, created, updated, plain, _ = row
     if not (created.microsecond and updated.microsecond):
         created, updated = _stamp(created), _stamp(updated)
-    return SnapshotTask(
-        _quoted(key),
-        _quoted(project),
-        _json_text(title),
-        status.decode(),
-        due,
-        created,
-        updated,
-    )
+    text = _quoted(title) if plain else title.decode()
+    return SnapshotTask(_quoted(key), _quoted(project), text, status.decode(), due, created, updated)
+
+
+@dataclass(frozen=True)
+class WidePages:
+    """How a keyset reads a page of wide rows: with `columns` added, text as bytes, each row made by `row`."""
+
+    columns: tuple[Any, ...]
+    row: Callable[[tuple[Any, ...]], msgspec.Struct]
 
 
 def _whole_seconds(row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -412,8 +404,9 @@ class Snapshot:
             Task.updated_at,
         ).where(Task.org_id == self.org_id, Task.project_id == any_(bindparam("live", type_=ARRAY(Uuid))))
         width = func.octet_length(Task.title) + _JSON_ROW_BYTES
+        wide = WidePages((Task.title_plain,), _raw_task)
         async for batch in self._keyset(
-            session, (size, budget), tasks, (Task.id, width), SnapshotTask, {"live": live}, _raw_task
+            session, (size, budget), tasks, (Task.id, width), SnapshotTask, {"live": live}, wide
         ):
             yield batch
 
@@ -425,26 +418,29 @@ class Snapshot:
         order: tuple[Any, ColumnElement[int]],
         out: type[msgspec.Struct],
         values: dict[str, Any],
-        raw: Callable[[tuple[Any, ...]], msgspec.Struct] | None = None,
+        wide: WidePages | None = None,
     ) -> AsyncIterator[Batch]:
         # UUIDs arrive as text (uuid objects only to print them again would cost more than all the rest);
         # timestamps as datetimes, which the C loader makes and msgspec writes faster than to_char would.
         # Each row ends with `upto`, the page's estimated bytes up to and including it (read from the last row
         # only, for the pace; the encoding leaves it out).
-        # Wide rows: after a page whose rows averaged over WIDE_ROW_BYTES, the next is read with its text as
-        # UTF-8 bytes and turned into rows by `raw`, which passes text that needs no escaping on as it is: for
-        # 2,000-byte titles, decoding and encoding them again was most of the worker's time.
+        # Wide rows: after a page whose rows averaged over WIDE_ROW_BYTES, the next is read with `wide`'s columns
+        # and its text as UTF-8 bytes, and turned into rows by `wide.row`, which passes text that needs no
+        # escaping on as it is: for 2,000-byte titles, decoding and encoding them again was most of the
+        # worker's time.
         size, budget = bounds
         key, width = order
-        start = compiled(session, _sized(query, key, width))
-        after_key = compiled(session, _sized(query.where(key > bindparam("after", type_=key.type)), key, width))
+        after = query.where(key > bindparam("after", type_=key.type))
+        wide_columns = wide.columns if wide is not None else ()
+        plain_sql = [compiled(session, _sized(q, key, width)) for q in (query, after)]
+        wide_sql = [compiled(session, _sized(q.add_columns(*wide_columns), key, width)) for q in (query, after)]
         conn = await driver_connection(session)
         pace = Pace(size, budget)
 
-        async def run(cur: psycopg.AsyncCursor[Any], after: str | None) -> psycopg.AsyncCursor[Any]:
-            sql, params = start if after is None else after_key
+        async def run(cur: psycopg.AsyncCursor[Any], last: str | None) -> psycopg.AsyncCursor[Any]:
+            sql, params = (wide_sql if cur in wide_cursors else plain_sql)[last is not None]
             # Never prepared: each batch is planned with its values, so the array stays a constant.
-            bound = {**params, **values, "after": after, "limit": pace.limit, "budget": budget}
+            bound = {**params, **values, "after": last, "limit": pace.limit, "budget": budget}
             await cur.execute(sql, bound, prepare=False)
             return cur
 
@@ -454,8 +450,8 @@ class Snapshot:
             cursors = [await stack.enter_async_context(conn.cursor(binary=True)) for _ in range(4)]
             for cur in cursors[2:]:
                 cur.adapters.register_loader("text", ByteaBinaryLoader)
-            plain, wide = cursors[:2], cursors[2:]
-            ahead: asyncio.Task[psycopg.AsyncCursor[Any]] | None = asyncio.create_task(run(plain[0], None))
+            plain_cursors, wide_cursors = cursors[:2], cursors[2:]
+            ahead: asyncio.Task[psycopg.AsyncCursor[Any]] | None = asyncio.create_task(run(plain_cursors[0], None))
             first = True
             try:
                 while ahead is not None:
@@ -471,12 +467,13 @@ class Snapshot:
                     as_bytes = isinstance(last, bytes)
                     if as_bytes:
                         last = last.decode()
+                    stamp = -2 - (len(wide_columns) if as_bytes else 0)  # the last timestamp (updated)
                     await cur.scroll(0, mode="absolute")
                     # A page cut by the budget has fewer rows than its limit too; only an empty one is the end.
                     pace.saw(rows, upto)
-                    plain.reverse()
-                    wide.reverse()
-                    kind = wide if raw is not None and upto > WIDE_ROW_BYTES * rows else plain
+                    plain_cursors.reverse()
+                    wide_cursors.reverse()
+                    kind = wide_cursors if wide is not None and upto > WIDE_ROW_BYTES * rows else plain_cursors
                     ahead = asyncio.create_task(run(kind[0], last))
                     await asyncio.sleep(0)  # let it send the query before the CPU work below
                     # About ENCODE_BYTES at a time become Python objects and bytes; the slices go out as they are
@@ -488,11 +485,11 @@ class Snapshot:
                     while part := await cur.fetchmany(step):
                         if done:
                             await asyncio.sleep(0)
-                        if part[0][-2].utcoffset() != _ZERO:
+                        if part[0][stamp].utcoffset() != _ZERO:
                             raise RuntimeError("the snapshot's session must be in UTC")
                         data = bytearray()
                         self._encoder.encode_into(
-                            [raw(row) for row in part]  # type: ignore[misc]
+                            [wide.row(row) for row in part]  # type: ignore[union-attr]
                             if as_bytes
                             else [
                                 out(*row[:-1])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
-from sqlalchemy import ForeignKey
+from sqlalchemy import Computed, ForeignKey
 from sqlalchemy.orm import Mapped, mapped_column
 
 from space.db.base import Base, created_at, updated_at, uuid_pk
@@ -32,6 +32,8 @@ class Task(Base):
     org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
     project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id"))
     title: Mapped[str]
+    # Migration 0014: the title holds no byte a JSON string escapes, so the snapshot writes it as it is stored.
+    title_plain: Mapped[bool] = mapped_column(Computed(r"""title !~ '[\x01-\x1f"\\]'""", persisted=True), deferred=True)
     status: Mapped[str] = mapped_column(default="todo")
     due_date: Mapped[dt.date | None]
     created_at: Mapped[dt.datetime] = created_at()
