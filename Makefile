@@ -34,7 +34,7 @@ test-spreadsheet: install
 	  echo "soffice not found: installing LibreOffice Calc (headless) with apt-get"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libreoffice-calc-nogui; }
-	$(BIN)/pytest tests/spreadsheet/check_roundtrip.py -v -rP
+	$(BIN)/pytest -n 0 tests/spreadsheet/check_roundtrip.py -v -rP
 
 bench: install
 	$(BIN)/python -m benchmarks.run

@@ -19,7 +19,6 @@ from space.db import Database
 from space.embedded import embedded_server
 from tests.exports.s3_fixtures import s3_server  # noqa: F401 (the session's S3 server, for every test that asks)
 from tests.helpers import Api, UserFactory, app_database, fresh_database
-from tests.million import million  # noqa: F401 (the million-row database, for the two scenarios that ask)
 
 
 @contextlib.contextmanager
