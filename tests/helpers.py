@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +33,24 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+async def spawn_worker(
+    database_url: str, *, stderr: int = asyncio.subprocess.DEVNULL, **settings: str
+) -> asyncio.subprocess.Process:
+    """A real `space worker` process on `database_url`: this environment minus every SPACE_* variable, plus
+    `settings` (SPACE_* names). Whoever spawns it stops it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
+    env.update(settings, DATABASE_URL=database_url)
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from space.cli import main; main()",
+        "worker",
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=stderr,
+    )
 
 
 def redis_reachable(url: str) -> bool:

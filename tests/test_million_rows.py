@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import uuid
 import zipfile
 from collections.abc import AsyncIterator
@@ -37,7 +35,8 @@ from space.db.migrate import upgrade
 from space.demo import DemoUser, seed_org
 from space.exports.storage import PgResultStore, ResultKey
 from tests.exports.fixtures import add_tickets, job_row, uid, wait_for
-from tests.helpers import TestUser, app_database, fresh_database
+from tests.helpers import TestUser as Person  # not collected as a test class
+from tests.helpers import app_database, fresh_database, spawn_worker
 from tests.tickets.test_ticket_search import RARE
 
 TICKETS = 1_000_000
@@ -74,7 +73,7 @@ async def million(owner_url: str) -> AsyncIterator[Million]:
                     text("SELECT org_id FROM memberships WHERE user_id = :u"), {"u": creator}
                 )
             assert org_id is not None and creator is not None
-            who = TestUser(creator, member.email, "", member.token)
+            who = Person(creator, member.email, "", member.token)
             # A few matches among a million: in titles, in a body, in other cases; and one near miss.
             hits = await add_tickets(db, org_id, who, [f"printer {RARE} jam", f"{RARE.upper()}!"])
             hits += await add_tickets(db, org_id, who, ["plain"], body=f"see {RARE.lower()} log")
@@ -126,19 +125,9 @@ async def _archive(client: AsyncTestClient, org_id: str, auth: dict[str, str]) -
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to read peak memory")
 async def test_a_million_row_archive_keeps_the_worker_memory_flat(million: Million, tmp_path: Path) -> None:
     url, small, big = million.url, million.small, million.big
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
     rows = million.tickets + TASKS + 20
     # The archive's rows count as a whole against the row limit: the worker runs with room for both parts.
-    env.update(DATABASE_URL=url, SPACE_EXPORT_ROW_LIMIT=str(rows))
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "from space.cli import main; main()",
-        "worker",
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    worker = await spawn_worker(url, SPACE_EXPORT_ROW_LIMIT=str(rows))
     try:
         async with AsyncTestClient(app=create_app(load_settings({}, database_url=url))) as client:
             orgs = {o["name"]: o["id"] for o in (await client.get("/orgs", headers=_owner(big))).json()["items"]}

@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import signal
-import sys
 
 import msgspec
 import pytest
@@ -27,7 +26,7 @@ from tests.exports.fixtures import (
     parse_csv,
     wait_state,
 )
-from tests.helpers import Api, redis_reachable
+from tests.helpers import Api, redis_reachable, spawn_worker
 
 
 async def test_snapshot_and_csv_through_api_and_worker(api: Api, db: Database, settings: Settings) -> None:
@@ -79,17 +78,7 @@ async def test_snapshot_and_csv_through_api_and_worker(api: Api, db: Database, s
 async def test_worker_process_exports_then_stops_on_sigterm(api: Api, db: Database, owner_url: str) -> None:
     org = await api.org()
     await add_tickets(db, org.id, org.customer, ["from a real worker process"])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
-    env["DATABASE_URL"] = owner_url
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "from space.cli import main; main()",
-        "worker",
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await spawn_worker(owner_url, stderr=asyncio.subprocess.PIPE)
     try:
         export = await create_export(api, org, org.customer, {"kind": "tickets_csv"})
         done = await wait_state(api, org, org.customer, export["id"], {"completed", "failed"})

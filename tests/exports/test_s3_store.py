@@ -7,13 +7,10 @@ cleanup, expiry, the org purge by prefix, and the start-up check of the bucket.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import hashlib
 import hmac
 import math
-import os
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -36,7 +33,7 @@ from space.failures import OperatorError
 from space.orgs.jobs import purge_org
 from tests.exports.fixtures import create_export, runner, tuned, uid, wait_for
 from tests.exports.s3_fixtures import AWS_ENV, BUCKET, S3Server, s3_settings, store_for
-from tests.helpers import Api, Org, UserFactory, assert_problem
+from tests.helpers import Api, Org, UserFactory, assert_problem, spawn_worker
 from tests.observability.scrape import delta, scrape
 
 MIB = 1024 * 1024
@@ -301,21 +298,11 @@ async def test_a_sigkilled_worker_leaves_no_object_and_the_cleanup_aborts_its_up
     export = await create_export(s3api, org, org.member, {"kind": "tickets_csv"})
     # Only this export on the queue: earlier tests leave entries that no worker took.
     owner.execute("DELETE FROM saq.saq_jobs WHERE status = 'queued' AND key <> %s", (export["id"],))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
-    env.update(
-        DATABASE_URL=owner_url,
+    proc = await spawn_worker(
+        owner_url,
         SPACE_RESULT_STORE=s3set.result_store,
         SPACE_EXPORT_LEASE_SECONDS="2",
         SPACE_EXPORT_BATCH_ROWS="500",
-    )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "from space.cli import main; main()",
-        "worker",
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
     )
     prefix = org_prefix(s3set, org)
     try:
