@@ -7,6 +7,8 @@ the rows; one `string_agg` per batch returns finished bytes, and Python only has
 
 Snapshot: tasks come back as rows (UUIDs as text, timestamps as datetimes) and msgspec encodes them: that
 work runs in the worker's process, beside the database backend that reads, instead of on that one backend.
+Pages of wide rows come with their text as bytes, and a title that needs no escaping (`tasks.title_plain`,
+kept on write) goes out as it is stored (`Snapshot._keyset`).
 
 Batches are bounded twice: by rows (`SPACE_EXPORT_BATCH_ROWS`) and by bytes (`SPACE_EXPORT_BATCH_BYTES`). The
 byte budget is cut in SQL, by a running sum of each row's width over the keyset page: a batch keeps its rows
