@@ -73,7 +73,7 @@ import httpx
 import psycopg
 from psycopg import sql
 from sqlalchemy import make_url
-from tests.helpers import free_port
+from tests.helpers import free_port, space_env
 
 from space.config import load_settings
 from space.db import Database, app_url
@@ -170,11 +170,9 @@ def fresh_database(admin_url: str) -> Iterator[str]:
 
 def spawn(command: str, url: str, port: int, **settings: str) -> subprocess.Popen[bytes]:
     """`space <command>` as a child process on the given database, with default settings unless given."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
-    env.update({"DATABASE_URL": url, "SPACE_PORT": str(port), "SPACE_HOST": "127.0.0.1", **settings})
     return subprocess.Popen(
         [sys.executable, "-c", "from space.cli import main; main()", command],
-        env=env,
+        env=space_env(url, SPACE_PORT=str(port), SPACE_HOST="127.0.0.1", **settings),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -398,38 +396,11 @@ async def separate_processes(
                 org = orgs[org_name]
                 measured: list[Case] = []
                 for _ in range(rounds):
-                    log(f"{name}: COPY ...")
-                    # The archive's baseline is the sum of its two parts' COPYs, run one after the other here.
-                    copy_s = sum(
-                        copy_rows(url, part, org.id, tmp / f"copy-{name}-{part}")[0]
-                        for part in COPY_PARTS.get(kind, [kind])
-                    )
-                    for proc in (api, worker):
-                        reset_peak_rss(proc)
-                    log(f"{name}: export through the API and the worker ...")
-                    status, _ = await create_and_wait(client, org, "owner", kind)
-                    export_ids.append(status["id"])
-                    download_s, size = await download(client, org, "owner", status["id"], tmp / f"export-{name}")
-                    assert size == status["byteSize"], (size, status["byteSize"])
-                    export_s = _ts(status["completedAt"]) - _ts(status["createdAt"])
-                    measured.append(
-                        Case(
-                            case=name,
-                            rows=int(status["rowCount"]),
-                            export_seconds=export_s,
-                            download_seconds=download_s,
-                            copy_seconds=copy_s,
-                            export_ratio=export_s / copy_s,
-                            download_ratio=download_s / copy_s,
-                            worker_peak_rss_mib=peak_rss_mib(worker),
-                            api_peak_rss_mib=peak_rss_mib(api),
-                        )
-                    )
-                    queued = _ts(status["startedAt"]) - _ts(status["createdAt"])
-                    log(f"{name}: waited {queued:.3f} s for a worker, ran {export_s - queued:.3f} s, {size} bytes")
+                    export_id, case = await _measure(client, url, (api, worker), org, name, kind, tmp)
+                    export_ids.append(export_id)
+                    measured.append(case)
                     if rounds > 1:
-                        log(f"{name}: round {len(measured)}: {measured[-1].line()}")
-                    _empty(tmp)
+                        log(f"{name}: round {len(measured)}: {case.line()}")
                 median = sorted(measured, key=lambda c: c.export_ratio)[len(measured) // 2]
                 median.worker_peak_rss_mib = max(c.worker_peak_rss_mib for c in measured)
                 median.api_peak_rss_mib = max(c.api_peak_rss_mib for c in measured)
@@ -438,6 +409,45 @@ async def separate_processes(
         stop(worker)
         stop(api)
     return cases, export_ids
+
+
+async def _measure(
+    client: httpx.AsyncClient,
+    url: str,
+    procs: tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]],
+    org: Org,
+    name: str,
+    kind: str,
+    tmp: Path,
+) -> tuple[str, Case]:
+    """One round of a case: its COPY, then the export through `procs` (API, worker) and its download. Returns
+    the export's id and the case's line."""
+    api, worker = procs
+    log(f"{name}: COPY ...")
+    # The archive's baseline is the sum of its two parts' COPYs, run one after the other here.
+    copy_s = sum(copy_rows(url, part, org.id, tmp / f"copy-{name}-{part}")[0] for part in COPY_PARTS.get(kind, [kind]))
+    for proc in procs:
+        reset_peak_rss(proc)
+    log(f"{name}: export through the API and the worker ...")
+    status, _ = await create_and_wait(client, org, "owner", kind)
+    download_s, size = await download(client, org, "owner", status["id"], tmp / f"export-{name}")
+    assert size == status["byteSize"], (size, status["byteSize"])
+    export_s = _ts(status["completedAt"]) - _ts(status["createdAt"])
+    queued = _ts(status["startedAt"]) - _ts(status["createdAt"])
+    log(f"{name}: waited {queued:.3f} s for a worker, ran {export_s - queued:.3f} s, {size} bytes")
+    case = Case(
+        case=name,
+        rows=int(status["rowCount"]),
+        export_seconds=export_s,
+        download_seconds=download_s,
+        copy_seconds=copy_s,
+        export_ratio=export_s / copy_s,
+        download_ratio=download_s / copy_s,
+        worker_peak_rss_mib=peak_rss_mib(worker),
+        api_peak_rss_mib=peak_rss_mib(api),
+    )
+    _empty(tmp)
+    return str(status["id"]), case
 
 
 RANGES = 64

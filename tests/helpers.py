@@ -35,19 +35,24 @@ def free_port() -> int:
         return port
 
 
+def space_env(database_url: str, **settings: str) -> dict[str, str]:
+    """The environment of a Space process on `database_url`: this one's minus every SPACE_* variable (and its
+    DATABASE_URL), plus `settings` (SPACE_* names)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_") and k != "DATABASE_URL"}
+    env.update(settings, DATABASE_URL=database_url)
+    return env
+
+
 async def spawn_worker(
     database_url: str, *, stderr: int = asyncio.subprocess.DEVNULL, **settings: str
 ) -> asyncio.subprocess.Process:
-    """A real `space worker` process on `database_url`: this environment minus every SPACE_* variable, plus
-    `settings` (SPACE_* names). Whoever spawns it stops it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
-    env.update(settings, DATABASE_URL=database_url)
+    """A real `space worker` process in `space_env(database_url, **settings)`. Whoever spawns it stops it."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
         "from space.cli import main; main()",
         "worker",
-        env=env,
+        env=space_env(database_url, **settings),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=stderr,
     )

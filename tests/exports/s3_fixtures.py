@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import boto3
 import httpx
@@ -101,19 +102,9 @@ def moto_server() -> Iterator[str]:
             proc.wait()
 
 
-@contextlib.contextmanager
-def aws_environment(**values: str) -> Iterator[None]:
-    """The standard AWS variables set to `values` until the block ends, then as they were."""
-    saved = {k: os.environ.get(k) for k in values}
-    try:
-        os.environ.update(values)
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def aws_environment(**values: str) -> contextlib.AbstractContextManager[Any]:
+    """The standard AWS variables set to `values` until the block ends, then the environment as it was."""
+    return mock.patch.dict(os.environ, values)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import signal
 import sys
 import uuid
@@ -29,7 +28,7 @@ from space.db import Database
 from space.exports.maintenance import cleanup
 from space.exports.storage import PgResultStore
 from tests.exports.fixtures import add_tickets, download, parse_csv, wait_for
-from tests.helpers import Api, Org, free_port
+from tests.helpers import Api, Org, free_port, space_env
 
 SPACE = Path(sys.executable).with_name("space")
 """The installed console script (`.venv/bin/space`)."""
@@ -58,12 +57,8 @@ WORKER_APP = "space-worker"
 
 
 def process_env(database_url: str, **settings: str) -> dict[str, str]:
-    """The environment of a Space process: this one's minus every SPACE_* variable, plus the fault settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_") and k != "DATABASE_URL"}
-    env.update(FAULT_SETTINGS)
-    env.update(settings)
-    env["DATABASE_URL"] = database_url
-    return env
+    """The environment of a Space process (`space_env`) with the fault settings, then `settings`."""
+    return space_env(database_url, **{**FAULT_SETTINGS, **settings})
 
 
 async def wait_until(check: Callable[[], Awaitable[Any]], what: str, within: float = WAIT) -> Any:
