@@ -28,13 +28,22 @@ TENANT_TABLES = [
 ]
 
 ROLES = """
+-- Roles are cluster-wide and no lock is: a migration of another database on the same server (the test suite's
+-- workers on a new server) may create the same role at the same moment, and one of the two then fails on
+-- pg_authid's unique index. The role exists either way, which is all this needs.
 DO $$
 BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'space_app') THEN
-    CREATE ROLE space_app LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOINHERIT;
+    BEGIN
+      CREATE ROLE space_app LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOINHERIT;
+    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+    END;
   END IF;
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'space_queue') THEN
-    CREATE ROLE space_queue LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOINHERIT;
+    BEGIN
+      CREATE ROLE space_queue LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOINHERIT;
+    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+    END;
   END IF;
   EXECUTE format('GRANT CONNECT ON DATABASE %I TO space_app, space_queue', current_database());
 END $$;
@@ -46,7 +55,10 @@ BEGIN
     SELECT FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole
     WHERE r.rolname = 'space_queue' AND s.setdatabase = 0 AND 'search_path=saq' = ANY (s.setconfig)
   ) THEN
-    ALTER ROLE space_queue SET search_path = saq;
+    BEGIN
+      ALTER ROLE space_queue SET search_path = saq;
+    EXCEPTION WHEN unique_violation THEN NULL;  -- set at the same moment by a migration of another database
+    END;
   END IF;
 END $$;
 -- Giving a schema to another role takes membership in it, which an ordinary owner (managed PostgreSQL: CREATEDB,

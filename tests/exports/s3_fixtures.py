@@ -34,6 +34,8 @@ from tests.helpers import Api, Org, TestUser, free_port
 BUCKET = "space-test"
 START_TIMEOUT = 30.0
 """Seconds moto's server may take to listen."""
+MOTO_BUFFER_BYTES = 1 << 30
+"""Values moto keeps in memory before spilling them to a temporary file (its default is just under 5 MiB)."""
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
 
 _STORES: dict[str, S3ResultStore] = {}
@@ -89,6 +91,9 @@ def moto_server() -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # Objects and parts in memory: by default moto spills every value over 5 MiB (every part) to a temporary
+        # file and reads it back to complete an upload, a disk S3 doesn't put in the upload's way.
+        env={**os.environ, "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(MOTO_BUFFER_BYTES)},
     )
     try:
         _wait_listening(proc)
@@ -141,11 +146,14 @@ def store_for(settings: Settings, db: Database) -> ResultStore:
 
 async def follow(r: Response) -> Response:
     """The answer to a download: a 303 is followed to the object store over real HTTP, as a browser would
-    (without the API's Authorization header: the presigned URL is the authorization)."""
+    (without the API's Authorization header: the presigned URL is the authorization). The 303 is then the
+    answer's `history`, as httpx keeps the redirects it follows."""
     if r.status_code != 303:
         return r
     async with httpx.AsyncClient() as client:
-        return await client.get(r.headers["location"])
+        followed = await client.get(r.headers["location"])
+    followed.history = [r]
+    return followed
 
 
 async def download_via(api: Api, org: Org, user: TestUser, export_id: str, **kw: Any) -> Response:

@@ -83,9 +83,12 @@ async def test_the_archive_holds_every_member_and_its_manifest_matches_them(
     assert r.headers["content-disposition"] == f'attachment; filename="space-export-{export_id}.zip"'
     body = r.content
     export = (await api.call("GET", org.path(f"/exports/{export_id}"), org.owner)).json()
-    # The export's own size, sha256 and ETag are the whole ZIP's.
+    # The export's own size, sha256 and ETag are the whole ZIP's (the ETag on the API's answer: with an object
+    # store that redirects, the 303; the presigned GET's is the store's own).
     assert int(r.headers["content-length"]) == len(body) == export["byteSize"]
-    assert hashlib.sha256(body).hexdigest() == export["sha256"] and r.headers["etag"] == f'"{export["sha256"]}"'
+    api_answer = r.history[0] if r.history else r
+    assert hashlib.sha256(body).hexdigest() == export["sha256"]
+    assert api_answer.headers["etag"] == f'"{export["sha256"]}"'
     # Rows of both parts: 2 live projects + 3 tasks, and all 5 tickets (every creator's).
     assert export["rowCount"] == 10 and export["kind"] == "archive" and export["scope"] == "team"
 

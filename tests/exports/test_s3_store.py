@@ -7,11 +7,14 @@ cleanup, expiry, the org purge by prefix, and the start-up check of the bucket.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
 import hmac
+import itertools
 import math
 import uuid
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
@@ -29,6 +32,7 @@ from space.exports.lease import Lease
 from space.exports.maintenance import cleanup
 from space.exports.pipeline import run_export
 from space.exports.s3 import PRESIGN_SECONDS, S3Location
+from space.exports.storage import ResultKey
 from space.failures import OperatorError
 from space.orgs.jobs import purge_org
 from tests.exports.fixtures import create_export, runner, tuned, uid, wait_for
@@ -38,7 +42,7 @@ from tests.observability.scrape import delta, scrape
 
 MIB = 1024 * 1024
 PART_BYTES = 8 * MIB
-"""What the sink uploads per part with the default 4 MiB chunks: two chunks, the first size at or above 5 MiB."""
+"""What the worker uploads per part with the default settings: one chunk (the store asks for 8 MiB chunks)."""
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +140,34 @@ async def test_multipart_result_redirects_to_a_presigned_get_with_headers_and_ra
         assert part.content == whole.content[PART_BYTES - 10 : PART_BYTES + 10]
         tail = await http.get(location, headers={"Range": "bytes=-100"})
         assert tail.status_code == 206 and tail.content == whole.content[-100:]
+
+
+async def test_chunks_of_any_size_make_one_object_of_checksummed_parts(
+    s3set: Settings, db: Database, s3_server: S3Server
+) -> None:
+    """A chunk of at least 5 MiB goes up as a part of its own (uploaded from the writer's buffer, no copy);
+    smaller ones are gathered until they make one; the object is the same bytes in order, and S3 holds a CRC32
+    for every part (it verified each on receipt)."""
+    store = store_for(s3set, db)
+    key = ResultKey(uuid.uuid4(), uuid.uuid4(), uuid.uuid4())
+    sizes = [1 * MIB, MIB * 9 // 2, 8 * MIB, 6 * MIB, 2 * MIB]  # parts: 5.5 MiB gathered, 8 MiB, 6 MiB, the last 2
+    chunks = [bytes([n]) * size for n, size in enumerate(sizes, start=1)]
+    async with store.sink(key) as sink:
+        for seq, chunk in enumerate(chunks):
+            buffer = bytearray(chunk)
+            await sink.write(seq, memoryview(buffer))
+            buffer[:] = b"\0" * len(buffer)  # the writer reuses its buffer as soon as write returns
+    name = S3Location.parse(s3set.result_store).key(key)
+    got = s3_server.client.get_object(Bucket=BUCKET, Key=name)["Body"].read()
+    assert got == b"".join(chunks)
+    head = s3_server.client.head_object(Bucket=BUCKET, Key=name, ChecksumMode="ENABLED")
+    assert head["ETag"].strip('"').endswith("-4")
+    # S3's checksum of a multipart object: the CRC32 of the parts' CRC32s, here of these four parts.
+    whole = b"".join(chunks)
+    bounds = [0, MIB * 11 // 2, MIB * 27 // 2, MIB * 39 // 2, len(whole)]
+    crcs = b"".join(zlib.crc32(whole[a:b]).to_bytes(4, "big") for a, b in itertools.pairwise(bounds))
+    assert head["ChecksumCRC32"] == base64.b64encode(zlib.crc32(crcs).to_bytes(4, "big")).decode()
+    assert s3_server.uploads(name) == []
 
 
 async def test_the_redirect_keeps_conditional_requests_the_audit_and_the_metrics(

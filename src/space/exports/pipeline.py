@@ -163,7 +163,8 @@ async def build(runner: ExportRunner, lease: Lease, gate: Gate = _open) -> Built
     async with UnitOfWork(runner.db.sessionmaker, Tenant(org_id=lease.org_id)) as uow:
         membership_id = await check(uow.session, lease, await orgs.org_state(uow.session, lease.org_id))
     await gate("eligible", lease)
-    out = ChunkWriter(runner.store, lease.key, settings.export_chunk_bytes, settings.export_byte_limit)
+    chunk_bytes = runner.store.chunk_bytes(settings.export_chunk_bytes)
+    out = ChunkWriter(runner.store, lease.key, chunk_bytes, settings.export_byte_limit)
     rows = 0
     try:
         async with (

@@ -20,7 +20,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any, Final, cast
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
@@ -39,10 +39,18 @@ log = logging.getLogger("space.exports")
 
 MIN_PART_BYTES = 5 * 1024 * 1024
 """S3's smallest part of a multipart upload (except the last)."""
+PART_BYTES = 8 * 1024 * 1024
+"""The chunk the worker cuts for this store (at least): each chunk is then one part, uploaded from the writer's
+buffer while the other buffer fills, with no copy of its own."""
 PRESIGN_SECONDS = 60
 """How long a download's presigned GET is valid (SPEC §15: at most 60 s)."""
 DELETE_BATCH = 1000
 """Keys per DeleteObjects request (S3's maximum)."""
+CHECKSUM: Final = "CRC32"
+"""The checksum every part and object is sent with, which S3 verifies on receipt and keeps (one for each part, then
+one for the parts' checksums). Over HTTPS botocore then signs no payload (a SHA-256 of each part), and completing
+an upload needs no pass over the whole object: without a checksum, a store that defaults to a whole-object
+CRC64NVME (moto, for one) reads all of it again while the export waits."""
 PROBE_KEY = "space-check"
 """What the start-up check writes and deletes under the prefix to prove the bucket is writable."""
 
@@ -85,8 +93,45 @@ class S3Location:
             return None
 
 
+class _PartBody(io.RawIOBase):
+    """A chunk's bytes as the file a request body is read from (botocore reads it to sign and checksum it, then
+    seeks back; aiohttp sends it a piece at a time), without copying them. The chunk is not reused until the
+    upload has answered."""
+
+    def __init__(self, data: bytes | memoryview) -> None:
+        super().__init__()
+        self._data = memoryview(data).cast("B")
+        self._at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: len(self._data)}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._data) if size is None or size < 0 else self._at + size
+        piece = bytes(self._data[self._at : end])
+        self._at += len(piece)
+        return piece
+
+    def readinto(self, buffer: Any) -> int:
+        piece = self.read(len(memoryview(buffer)))
+        memoryview(buffer).cast("B")[: len(piece)] = piece
+        return len(piece)
+
+
 class _S3Sink:
-    """One execution's chunks as one multipart upload, begun only once a whole part is there."""
+    """One execution's chunks as one multipart upload, begun only once a whole part is there: a chunk of at least
+    a part's minimum is uploaded as it is, smaller ones are gathered (a copy) until they make one."""
 
     def __init__(self, client: S3Client, bucket: str, key: str) -> None:
         self._client = client
@@ -98,10 +143,13 @@ class _S3Sink:
         self._done = False
 
     async def write(self, seq: int, data: bytes | memoryview) -> None:
-        """Append a chunk; upload a part once at least 5 MiB are buffered (the chunk buffer is reused after)."""
+        """Upload a chunk as a part, or buffer it until at least 5 MiB are there (the chunk is reused after)."""
+        if not self._buffer.tell() and len(data) >= MIN_PART_BYTES:
+            await self._upload_part(_PartBody(data))
+            return
         self._buffer.write(data)
         if self._buffer.tell() >= MIN_PART_BYTES:
-            await self._upload_part()
+            await self._upload_part(self._body())
 
     def _body(self) -> io.BytesIO:
         # A file, not bytes: aiohttp then sends it 64 KiB at a time. Given a bytearray it copied the whole part
@@ -110,25 +158,34 @@ class _S3Sink:
         body.seek(0)
         return body
 
-    async def _upload_part(self) -> None:
+    async def _upload_part(self, body: io.IOBase) -> None:
         if self._upload_id is None:
-            started = await self._client.create_multipart_upload(Bucket=self._bucket, Key=self._key)
+            started = await self._client.create_multipart_upload(
+                Bucket=self._bucket, Key=self._key, ChecksumAlgorithm=CHECKSUM
+            )
             self._upload_id = started["UploadId"]
         number = len(self._parts) + 1
         part = await self._client.upload_part(
-            Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=number, Body=self._body()
+            Bucket=self._bucket,
+            Key=self._key,
+            UploadId=self._upload_id,
+            PartNumber=number,
+            Body=cast(IO[bytes], body),  # a file: the stubs name only typing's IO
+            ChecksumAlgorithm=CHECKSUM,
         )
-        self._parts.append({"PartNumber": number, "ETag": part["ETag"]})
+        self._parts.append({"PartNumber": number, "ETag": part["ETag"], "ChecksumCRC32": part["ChecksumCRC32"]})
 
     async def finish(self) -> None:
         """Make the object visible: complete the upload, or PUT a result smaller than one part."""
         if self._done:
             return
         if self._upload_id is None:
-            await self._client.put_object(Bucket=self._bucket, Key=self._key, Body=self._body())
+            await self._client.put_object(
+                Bucket=self._bucket, Key=self._key, Body=self._body(), ChecksumAlgorithm=CHECKSUM
+            )
         else:
             if self._buffer.tell():
-                await self._upload_part()
+                await self._upload_part(self._body())
             await self._client.complete_multipart_upload(
                 Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": self._parts}
             )
@@ -171,11 +228,17 @@ class S3ResultStore:
     def _bucket(self) -> str:
         return self.location.bucket
 
+    def chunk_bytes(self, configured: int) -> int:
+        """At least a part (PART_BYTES): each chunk is uploaded as it is."""
+        return max(configured, PART_BYTES)
+
     async def write(self, key: ResultKey, seq: int, data: bytes | memoryview) -> None:
         """Store a one-chunk result (an object per execution: only seq 0 is meaningful here)."""
         if seq != 0:
             raise ValueError("the S3 store writes multi-chunk results through sink()")
-        await (await self.client()).put_object(Bucket=self._bucket, Key=self.location.key(key), Body=bytes(data))
+        await (await self.client()).put_object(
+            Bucket=self._bucket, Key=self.location.key(key), Body=bytes(data), ChecksumAlgorithm=CHECKSUM
+        )
 
     @contextlib.asynccontextmanager
     async def sink(self, key: ResultKey) -> AsyncIterator[ChunkSink]:
@@ -324,8 +387,8 @@ class S3ResultStore:
 def _new_client() -> contextlib.AbstractAsyncContextManager[S3Client]:
     # Standard retries; a pool large enough for many downloads streaming through the API at once.
     # SigV4 for presigned URLs too (botocore may otherwise presign with the legacy SigV2 that newer regions refuse).
-    # Checksums only where S3 requires them: every part would otherwise be read once more for a CRC32 (and,
-    # over plain HTTP, wrapped in aws-chunked encoding); SigV4 already hashes each request's payload.
+    # Checksums where the store asks for them (CHECKSUM, on what it uploads) and where S3 requires them, not on
+    # every request: responses are not read twice to check one (a download's bytes are the export's sha256).
     config = AioConfig(
         retries={"mode": "standard"},
         max_pool_connections=64,

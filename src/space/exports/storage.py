@@ -110,6 +110,10 @@ class ResultStore(Protocol):
         """A writer for many chunks of one execution (what the worker uses)."""
         ...
 
+    def chunk_bytes(self, configured: int) -> int:
+        """The size of the chunks the worker cuts for this store, given `SPACE_EXPORT_CHUNK_BYTES`."""
+        ...
+
     async def delete(self, key: ResultKey) -> int:
         """Delete every chunk of an execution; returns how many were removed."""
         ...
@@ -225,6 +229,10 @@ class PgResultStore:
 
     def _uow(self, key: ResultKey) -> UnitOfWork:
         return UnitOfWork(self._sessionmaker, Tenant(org_id=key.org_id))
+
+    def chunk_bytes(self, configured: int) -> int:
+        """The configured size: a chunk is a row."""
+        return configured
 
     async def write(self, key: ResultKey, seq: int, data: bytes | memoryview) -> None:
         """Pack and insert one chunk in its own transaction."""
