@@ -28,9 +28,10 @@ TENANT_TABLES = [
 ]
 
 ROLES = """
--- Roles are cluster-wide and no lock is: a migration of another database on the same server (the test suite's
--- workers on a new server) may create the same role at the same moment, and one of the two then fails on
--- pg_authid's unique index. The role exists either way, which is all this needs.
+-- Roles are cluster-wide, and no lock spans databases (advisory locks are per database): a migration of another
+-- database on the same server (the test suite's workers on a new server) may create the same role at the same
+-- moment, and one of the two then fails on pg_authid's unique index. The role exists either way, which is all
+-- this needs.
 DO $$
 BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'space_app') THEN

@@ -52,7 +52,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     export_batch_bytes: PositiveInt = 2 * 1024 * 1024
     """Bytes of output per keyset batch (in bytes): a batch of wide rows ends here, whatever its row count."""
     export_chunk_bytes: PositiveInt = 4 * 1024 * 1024
-    """Size of one stored result chunk, in bytes."""
+    """Size of one stored result chunk, in bytes (the S3 store raises it to a part, at least 8 MiB)."""
     export_retries: PositiveInt = 3
     """Attempts (SAQ counts attempts: 1 means no retry)."""
     deletion_grace_seconds: NonNegativeInt = 604_800

@@ -31,18 +31,16 @@ from space.db import Database
 from space.exports.lease import Lease
 from space.exports.maintenance import cleanup
 from space.exports.pipeline import run_export
-from space.exports.s3 import PRESIGN_SECONDS, S3Location
+from space.exports.s3 import PART_BYTES, PRESIGN_SECONDS, S3Location, S3ResultStore
 from space.exports.storage import ResultKey
 from space.failures import OperatorError
 from space.orgs.jobs import purge_org
 from tests.exports.fixtures import create_export, runner, tuned, uid, wait_for
-from tests.exports.s3_fixtures import AWS_ENV, BUCKET, S3Server, s3_settings, store_for
+from tests.exports.s3_fixtures import AWS_ENV, BUCKET, S3Server, aws_environment, s3_settings, store_for
 from tests.helpers import Api, Org, UserFactory, assert_problem, spawn_worker
 from tests.observability.scrape import delta, scrape
 
 MIB = 1024 * 1024
-PART_BYTES = 8 * MIB
-"""What the worker uploads per part with the default settings: one chunk (the store asks for 8 MiB chunks)."""
 
 
 @pytest.fixture(scope="module")
@@ -142,32 +140,43 @@ async def test_multipart_result_redirects_to_a_presigned_get_with_headers_and_ra
         assert tail.status_code == 206 and tail.content == whole.content[-100:]
 
 
+@pytest.mark.parametrize("checksums", ["when_supported", "when_required"])
 async def test_chunks_of_any_size_make_one_object_of_checksummed_parts(
-    s3set: Settings, db: Database, s3_server: S3Server
+    s3set: Settings, db: Database, s3_server: S3Server, checksums: str
 ) -> None:
     """A chunk of at least 5 MiB goes up as a part of its own (uploaded from the writer's buffer, no copy);
-    smaller ones are gathered until they make one; the object is the same bytes in order, and S3 holds a CRC32
-    for every part (it verified each on receipt)."""
-    store = store_for(s3set, db)
+    smaller ones are gathered until they make one; the object is the same bytes in order. With botocore's default
+    (`when_supported`) the upload is created with CRC32, so the store keeps one for every part and the object's
+    composite; with `AWS_REQUEST_CHECKSUM_CALCULATION=when_required` (stores without trailing checksums) none is
+    sent or named."""
     key = ResultKey(uuid.uuid4(), uuid.uuid4(), uuid.uuid4())
     sizes = [1 * MIB, MIB * 9 // 2, 8 * MIB, 6 * MIB, 2 * MIB]  # parts: 5.5 MiB gathered, 8 MiB, 6 MiB, the last 2
     chunks = [bytes([n]) * size for n, size in enumerate(sizes, start=1)]
-    async with store.sink(key) as sink:
-        for seq, chunk in enumerate(chunks):
-            buffer = bytearray(chunk)
-            await sink.write(seq, memoryview(buffer))
-            buffer[:] = b"\0" * len(buffer)  # the writer reuses its buffer as soon as write returns
-    name = S3Location.parse(s3set.result_store).key(key)
-    got = s3_server.client.get_object(Bucket=BUCKET, Key=name)["Body"].read()
-    assert got == b"".join(chunks)
+    location = S3Location.parse(s3set.result_store)
+    # A store of its own: its client reads botocore's configuration when it is made, inside the block.
+    with aws_environment(AWS_REQUEST_CHECKSUM_CALCULATION=checksums):
+        store = S3ResultStore(db, location)
+        try:
+            async with store.sink(key) as sink:
+                for seq, chunk in enumerate(chunks):
+                    buffer = bytearray(chunk)
+                    await sink.write(seq, memoryview(buffer))
+                    buffer[:] = b"\0" * len(buffer)  # the writer reuses its buffer as soon as write returns
+        finally:
+            await store.aclose()
+    name = location.key(key)
+    whole = b"".join(chunks)
+    assert s3_server.client.get_object(Bucket=BUCKET, Key=name)["Body"].read() == whole
     head = s3_server.client.head_object(Bucket=BUCKET, Key=name, ChecksumMode="ENABLED")
     assert head["ETag"].strip('"').endswith("-4")
-    # S3's checksum of a multipart object: the CRC32 of the parts' CRC32s, here of these four parts.
-    whole = b"".join(chunks)
+    assert s3_server.uploads(name) == []
+    if checksums == "when_required":
+        assert "ChecksumCRC32" not in head
+        return
+    # The checksum of a multipart object created with CRC32: the CRC32 of the parts' CRC32s, these four parts.
     bounds = [0, MIB * 11 // 2, MIB * 27 // 2, MIB * 39 // 2, len(whole)]
     crcs = b"".join(zlib.crc32(whole[a:b]).to_bytes(4, "big") for a, b in itertools.pairwise(bounds))
     assert head["ChecksumCRC32"] == base64.b64encode(zlib.crc32(crcs).to_bytes(4, "big")).decode()
-    assert s3_server.uploads(name) == []
 
 
 async def test_the_redirect_keeps_conditional_requests_the_audit_and_the_metrics(

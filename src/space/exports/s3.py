@@ -47,10 +47,12 @@ PRESIGN_SECONDS = 60
 DELETE_BATCH = 1000
 """Keys per DeleteObjects request (S3's maximum)."""
 CHECKSUM: Final = "CRC32"
-"""The checksum every part and object is sent with, which S3 verifies on receipt and keeps (one for each part, then
-one for the parts' checksums). Over HTTPS botocore then signs no payload (a SHA-256 of each part), and completing
-an upload needs no pass over the whole object: without a checksum, a store that defaults to a whole-object
-CRC64NVME (moto, for one) reads all of it again while the export waits."""
+"""The checksum an upload is created with, so that S3 keeps one for each part (botocore's default, `when_supported`,
+sends a CRC32 with every part and PUT, which S3 verifies on receipt) and one for the object, the CRC32 of the
+parts'. Over HTTPS botocore then signs no payload (a SHA-256 of each part), and completing an upload needs no
+pass over the whole object (a store that defaults to a whole-object CRC64NVME, moto for one, otherwise reads all
+of it again while the export waits). A store that takes no trailing checksums (older MinIO or Ceph) is run with
+botocore's own `AWS_REQUEST_CHECKSUM_CALCULATION=when_required`: then no checksum is sent or named."""
 PROBE_KEY = "space-check"
 """What the start-up check writes and deletes under the prefix to prove the bucket is writable."""
 
@@ -94,9 +96,10 @@ class S3Location:
 
 
 class _PartBody(io.RawIOBase):
-    """A chunk's bytes as the file a request body is read from (botocore reads it to sign and checksum it, then
-    seeks back; aiohttp sends it a piece at a time), without copying them. The chunk is not reused until the
-    upload has answered."""
+    """A chunk's bytes as the file a request body is read from, a piece at a time, without copying the chunk (over
+    plain HTTP botocore reads it to checksum and sign it and seeks back, and aiohttp sends it; over HTTPS botocore's
+    aws-chunked wrapper reads it frame by frame). A retry seeks back to 0. The chunk is not reused until the upload
+    has answered."""
 
     def __init__(self, data: bytes | memoryview) -> None:
         super().__init__()
@@ -113,8 +116,10 @@ class _PartBody(io.RawIOBase):
         return self._at
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: len(self._data)}[whence]
-        self._at = max(0, base + offset)
+        bases = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: len(self._data)}
+        if whence not in bases or bases[whence] + offset < 0:
+            raise ValueError(f"can't seek to {offset} from {whence}")
+        self._at = bases[whence] + offset
         return self._at
 
     def read(self, size: int | None = -1) -> bytes:
@@ -124,8 +129,10 @@ class _PartBody(io.RawIOBase):
         return piece
 
     def readinto(self, buffer: Any) -> int:
-        piece = self.read(len(memoryview(buffer)))
-        memoryview(buffer).cast("B")[: len(piece)] = piece
+        target = memoryview(buffer).cast("B")
+        piece = self._data[self._at : self._at + len(target)]
+        target[: len(piece)] = piece
+        self._at += len(piece)
         return len(piece)
 
 
@@ -160,9 +167,12 @@ class _S3Sink:
 
     async def _upload_part(self, body: io.IOBase) -> None:
         if self._upload_id is None:
-            started = await self._client.create_multipart_upload(
-                Bucket=self._bucket, Key=self._key, ChecksumAlgorithm=CHECKSUM
-            )
+            if _sends_checksums(self._client):
+                started = await self._client.create_multipart_upload(
+                    Bucket=self._bucket, Key=self._key, ChecksumAlgorithm=CHECKSUM
+                )
+            else:
+                started = await self._client.create_multipart_upload(Bucket=self._bucket, Key=self._key)
             self._upload_id = started["UploadId"]
         number = len(self._parts) + 1
         part = await self._client.upload_part(
@@ -171,10 +181,9 @@ class _S3Sink:
             UploadId=self._upload_id,
             PartNumber=number,
             Body=cast(IO[bytes], body),  # a file: the stubs name only typing's IO
-            ChecksumAlgorithm=CHECKSUM,
         )
         done: CompletedPartTypeDef = {"PartNumber": number, "ETag": part["ETag"]}
-        if "ChecksumCRC32" in part:  # a store that keeps no checksums (older S3-compatible ones) answers none
+        if "ChecksumCRC32" in part:  # none with when_required
             done["ChecksumCRC32"] = part["ChecksumCRC32"]
         self._parts.append(done)
 
@@ -183,9 +192,7 @@ class _S3Sink:
         if self._done:
             return
         if self._upload_id is None:
-            await self._client.put_object(
-                Bucket=self._bucket, Key=self._key, Body=self._body(), ChecksumAlgorithm=CHECKSUM
-            )
+            await self._client.put_object(Bucket=self._bucket, Key=self._key, Body=self._body())
         else:
             if self._buffer.tell():
                 await self._upload_part(self._body())
@@ -239,9 +246,7 @@ class S3ResultStore:
         """Store a one-chunk result (an object per execution: only seq 0 is meaningful here)."""
         if seq != 0:
             raise ValueError("the S3 store writes multi-chunk results through sink()")
-        await (await self.client()).put_object(
-            Bucket=self._bucket, Key=self.location.key(key), Body=bytes(data), ChecksumAlgorithm=CHECKSUM
-        )
+        await (await self.client()).put_object(Bucket=self._bucket, Key=self.location.key(key), Body=bytes(data))
 
     @contextlib.asynccontextmanager
     async def sink(self, key: ResultKey) -> AsyncIterator[ChunkSink]:
@@ -387,16 +392,21 @@ class S3ResultStore:
         return live
 
 
+def _sends_checksums(client: S3Client) -> bool:
+    """Whether botocore's configuration (`AWS_REQUEST_CHECKSUM_CALCULATION`, default `when_supported`) has the client
+    send a checksum with every upload. (The stubs don't know the attribute yet.)"""
+    return getattr(client.meta.config, "request_checksum_calculation", None) == "when_supported"
+
+
 def _new_client() -> contextlib.AbstractAsyncContextManager[S3Client]:
     # Standard retries; a pool large enough for many downloads streaming through the API at once.
     # SigV4 for presigned URLs too (botocore may otherwise presign with the legacy SigV2 that newer regions refuse).
-    # Checksums where the store asks for them (CHECKSUM, on what it uploads) and where S3 requires them, not on
-    # every request: responses are not read twice to check one (a download's bytes are the export's sha256).
+    # Request checksums as botocore's configuration says (its default sends a CRC32 with every upload; see
+    # CHECKSUM); responses are not read twice to check one (a download's bytes are the export's sha256).
     config = AioConfig(
         retries={"mode": "standard"},
         max_pool_connections=64,
         signature_version="s3v4",
-        request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
     return get_session().create_client("s3", config=config)
