@@ -379,19 +379,16 @@ async def separate_processes(
     tmp: Path,
     warm_org: str | None = None,
     rounds: int = 1,
+    delete_measured: bool = False,
     **settings: str,
 ) -> tuple[list[Case], list[str]]:
     """Each case through `space api` + `space worker` (with these extra settings), beside its COPY; warmed up on
     `warm_org` (default: the first case's org). With several `rounds`, each round runs the COPY and the export
     again, one after the other, and the case is the round of the median export ratio, with the highest peaks of
-    all rounds (every round is logged)."""
+    all rounds (every round is logged). `delete_measured` deletes each export once downloaded (its result too)."""
     port = free_port()
     api = spawn("api", url, port, **settings)
     worker = spawn("worker", url, port, **{"SPACE_EXPORT_ROW_LIMIT": str(ARCHIVE_ROW_LIMIT), **settings})
-    # moto holds every object in its own memory: results measured and downloaded are deleted, or each case's
-    # upload runs in a moto hundreds of MB larger than the last (on this VM, memory first touched is slow: the
-    # complete of a 263 MB snapshot went from 0.7 to 1.8-2.5 s with three results kept).
-    on_s3 = settings.get("SPACE_RESULT_STORE", "").startswith("s3://")
     cases: list[Case] = []
     export_ids: list[str] = []
     try:
@@ -403,14 +400,14 @@ async def separate_processes(
                 warm_up = orgs[warm_org or plan[0][1]]
                 warm, _ = await create_and_wait(client, warm_up, role, kind)
                 await download(client, warm_up, role, warm["id"], tmp / "warm-up")
-                if on_s3:
+                if delete_measured:
                     await delete_export(client, warm_up, role, warm["id"])
             for name, org_name, kind in plan:
                 org = orgs[org_name]
                 measured: list[Case] = []
                 for _ in range(rounds):
                     export_id, case = await _measure(client, url, (api, worker), org, name, kind, tmp)
-                    if on_s3:
+                    if delete_measured:
                         await delete_export(client, org, "owner", export_id)
                     export_ids.append(export_id)
                     measured.append(case)
@@ -922,13 +919,17 @@ async def run(
             with moto_server():
                 s3_plan = [(f"s3_{name}", org_name, kind) for name, org_name, kind in plan[1:3]]
                 # The median of three rounds, as the wide cases: one COPY of the 1M tickets took 1.5-2.8 s in
-                # consecutive runs here, and moto shares the same two cores.
+                # consecutive runs here, and moto shares the same two cores. moto holds every object in its own
+                # memory, so each result is deleted once measured; kept, each case's upload ran in a moto hundreds
+                # of MB larger than the last (on this VM memory first touched is slow: the complete of a 263 MB
+                # snapshot went from 0.7 to 1.8-2.5 s with three results kept).
                 s3, _ = await separate_processes(
                     url,
                     orgs,
                     s3_plan,
                     Path(tmp),
                     rounds=MEDIAN_ROUNDS,
+                    delete_measured=True,
                     SPACE_RESULT_STORE=f"s3://{S3_BUCKET}/results",
                     SPACE_EXPORT_RATE_LIMIT=str(len(s3_plan) * MEDIAN_ROUNDS),
                 )

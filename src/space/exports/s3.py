@@ -33,7 +33,7 @@ from space.exports.storage import READ_PIECE_BYTES, ChunkSink, ResultKey, Result
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
-    from types_aiobotocore_s3.type_defs import CompletedPartTypeDef
+    from types_aiobotocore_s3.type_defs import CompletedPartTypeDef, CreateMultipartUploadRequestTypeDef
 
 log = logging.getLogger("space.exports")
 
@@ -167,12 +167,10 @@ class _S3Sink:
 
     async def _upload_part(self, body: io.IOBase) -> None:
         if self._upload_id is None:
+            request: CreateMultipartUploadRequestTypeDef = {"Bucket": self._bucket, "Key": self._key}
             if _sends_checksums(self._client):
-                started = await self._client.create_multipart_upload(
-                    Bucket=self._bucket, Key=self._key, ChecksumAlgorithm=CHECKSUM
-                )
-            else:
-                started = await self._client.create_multipart_upload(Bucket=self._bucket, Key=self._key)
+                request["ChecksumAlgorithm"] = CHECKSUM
+            started = await self._client.create_multipart_upload(**request)
             self._upload_id = started["UploadId"]
         number = len(self._parts) + 1
         part = await self._client.upload_part(
