@@ -22,7 +22,9 @@ Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a
    all of them stalled, minus before), then 20 read in full at once (aggregate throughput, peak RSS);
 5. link downloads: the 1M CSV whole with the bearer token, whole through a download link, and as 64 equal
    ranges through that link (one after another, and 4 at a time), in a fresh `space api` (median of 3 rounds; `--links-only`
-   runs just this case, on a database of its own);
+   runs just this case, on a database of its own); then the same file the same ways from `benchmarks.floor`, a bare
+   Litestar app serving it from memory (`floor_*`: what the stack and the client cost per range before Space does
+   anything);
 6. `space up` (API and worker in one process, one event loop): the 1M tickets export again while the
    status route is polled back to back; its latencies show whether the export blocks the event loop;
 7. workers_scaling (`benchmarks.scaling`): 8 orgs of 500,000 tickets, one CSV export each asked at once, with
@@ -179,6 +181,17 @@ def spawn(command: str, url: str, port: int, **settings: str) -> subprocess.Pope
     )
 
 
+_FLOOR_UVICORN = ("--http", "httptools", "--no-access-log", "--log-level", "warning")
+
+
+def spawn_floor(served: Path, port: int) -> subprocess.Popen[bytes]:
+    """`benchmarks.floor` serving the file `served` from memory, by uvicorn with httptools as `space api` is."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "benchmarks.floor:app", "--port", str(port), *_FLOOR_UVICORN],
+        env={**os.environ, "SPACE_BENCH_FLOOR_FILE": str(served)},
+    )
+
+
 def _status(proc: subprocess.Popen[bytes], field: str) -> float:
     for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -232,12 +245,12 @@ async def seed(url: str, orgs: dict[str, tuple[int, int]]) -> dict[str, Org]:
     return out
 
 
-async def wait_healthy(client: httpx.AsyncClient, proc: subprocess.Popen[bytes]) -> None:
-    """Until GET /health answers."""
+async def wait_healthy(client: httpx.AsyncClient, proc: subprocess.Popen[bytes], path: str = "/health") -> None:
+    """Until GET `path` answers 200."""
     deadline = time.monotonic() + 60
     while True:
         with contextlib.suppress(httpx.TransportError):
-            if (await client.get("/health")).status_code == 200:
+            if (await client.get(path)).status_code == 200:
                 return
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError("the API did not start")
@@ -496,58 +509,75 @@ async def _ranges(client: httpx.AsyncClient, url: str, fd: int, bounds: list[tup
     return sum(await asyncio.gather(*(segment() for _ in range(at_once))))
 
 
+async def _download_rounds(
+    client: httpx.AsyncClient, out: Path, size: int, whole: dict[str, tuple[str, dict[str, str]]], ranged: str
+) -> dict[str, float]:
+    """Median seconds of LINK_ROUNDS rounds, each downloading `size` bytes into `out` once per `whole` entry
+    (name: url and headers), then as RANGES ranges of `ranged`, one after another and SEGMENTS at a time."""
+    step = size // RANGES
+    bounds = [(i * step, size - 1 if i == RANGES - 1 else (i + 1) * step - 1) for i in range(RANGES)]
+    times: dict[str, list[float]] = {name: [] for name in [*whole, "ranges", "ranges_parallel"]}
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        await _get_into(client, ranged, fd, 0, {})  # warm-up
+        for _ in range(LINK_ROUNDS):
+            for name in times:
+                started = time.perf_counter()
+                if name in whole:
+                    got = await _get_into(client, whole[name][0], fd, 0, whole[name][1])
+                else:
+                    got = await _ranges(client, ranged, fd, bounds, 1 if name == "ranges" else SEGMENTS)
+                times[name].append(time.perf_counter() - started)
+                assert got == size, (name, got, size)
+    finally:
+        os.close(fd)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 async def link_downloads(url: str, org: Org, export_id: str, tmp: Path) -> dict[str, Any]:
     """The 1M CSV downloaded whole with the bearer token, whole through a link, and as RANGES ranges through
     that link (one after another, and SEGMENTS at a time), in a fresh `space api` warmed up by one download;
-    median seconds of LINK_ROUNDS rounds."""
+    median seconds of LINK_ROUNDS rounds. Then the same file the same ways from `benchmarks.floor` (a bare
+    Litestar app serving it from memory): what the stack and the client cost before Space does anything."""
     port = free_port()
     api = spawn("api", url, port)
     auth = {"Authorization": f"Bearer {org.people['owner']}"}
     result = f"/orgs/{org.id}/exports/{export_id}/result"
-    times: dict[str, list[float]] = {"bearer": [], "link": [], "ranges": [], "ranges_parallel": []}
+    out = tmp / "link-download"
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
             await wait_healthy(client, api)
-            status = (await client.get(f"/orgs/{org.id}/exports/{export_id}", headers=auth)).json()
-            size = int(status["byteSize"])
-            out = tmp / "link-download"
-            fd = os.open(out, os.O_WRONLY | os.O_CREAT, 0o600)
-            try:
-                await _get_into(client, result, fd, 0, auth)
-                step = size // RANGES
-                bounds = [(i * step, size - 1 if i == RANGES - 1 else (i + 1) * step - 1) for i in range(RANGES)]
-                for _ in range(LINK_ROUNDS):
-                    r = await client.post(f"/orgs/{org.id}/exports/{export_id}/links", headers=auth)
-                    r.raise_for_status()
-                    link = r.json()["url"]
-                    for name in times:
-                        started = time.perf_counter()
-                        if name == "bearer":
-                            got = await _get_into(client, result, fd, 0, auth)
-                        elif name == "link":
-                            got = await _get_into(client, link, fd, 0, {})
-                        else:
-                            got = await _ranges(client, link, fd, bounds, 1 if name == "ranges" else SEGMENTS)
-                        times[name].append(time.perf_counter() - started)
-                        assert got == size, (name, got, size)
-            finally:
-                os.close(fd)
+            size = int((await client.get(f"/orgs/{org.id}/exports/{export_id}", headers=auth)).json()["byteSize"])
+            r = await client.post(f"/orgs/{org.id}/exports/{export_id}/links", headers=auth)
+            r.raise_for_status()
+            link = r.json()["url"]
+            space = await _download_rounds(client, out, size, {"bearer": (result, auth), "link": (link, {})}, link)
+        floor_port = free_port()
+        floor = spawn_floor(out, floor_port)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{floor_port}", timeout=TIMEOUT) as client:
+                await wait_healthy(client, floor, "/file")
+                bare = await _download_rounds(client, tmp / "floor-download", size, {"whole": ("/file", {})}, "/file")
+        finally:
+            stop(floor)
     finally:
         stop(api)
         _empty(tmp)
-    bearer, link_s, ranges_s, parallel_s = (statistics.median(v) for v in times.values())
     return {
         "case": "link_downloads_1m",
         "bytes": size,
         "ranges": RANGES,
-        "bearer_seconds": bearer,
-        "link_seconds": link_s,
-        "ranges_seconds": ranges_s,
+        "bearer_seconds": space["bearer"],
+        "link_seconds": space["link"],
+        "ranges_seconds": space["ranges"],
         "segments": SEGMENTS,
-        "ranges_parallel_seconds": parallel_s,
-        "link_ratio": link_s / bearer,
-        "ranges_ratio": ranges_s / bearer,
-        "ranges_parallel_ratio": parallel_s / bearer,
+        "ranges_parallel_seconds": space["ranges_parallel"],
+        "link_ratio": space["link"] / space["bearer"],
+        "ranges_ratio": space["ranges"] / space["bearer"],
+        "ranges_parallel_ratio": space["ranges_parallel"] / space["bearer"],
+        "floor_seconds": bare["whole"],
+        "floor_ranges_ratio": bare["ranges"] / bare["whole"],
+        "floor_ranges_parallel_ratio": bare["ranges_parallel"] / bare["whole"],
     }
 
 
