@@ -24,6 +24,9 @@ class Tenant:
     customer_id: uuid.UUID | None = None
 
 
+NO_TENANT = Tenant()
+"""No org, no user, no customer: every tenant table shows nothing."""
+
 _SET_TENANT = text(
     "SELECT set_config('app.org_id', :org, true), set_config('app.user_id', :user, true),"
     " set_config('app.customer_id', :customer, true)"
@@ -79,7 +82,10 @@ class UnitOfWork:
         self._hooks.append(hook)
 
     async def retenant(self, tenant: Tenant) -> None:
-        """Change the RLS context inside the open transaction (e.g. once the org is known)."""
+        """Change the RLS context inside the open transaction (e.g. once the org is known); the same context
+        again sends nothing."""
+        if tenant == self.tenant:
+            return
         self.tenant = tenant
         await set_tenant(self.session, tenant)
 
@@ -92,7 +98,10 @@ class UnitOfWork:
                 if self._read_only:
                     mode += " READ ONLY"
                 await self.session.execute(text(f"SET TRANSACTION {mode}"))
-            await set_tenant(self.session, self.tenant)
+            if self.tenant != NO_TENANT:
+                # Nothing set reads as unset: every policy takes '' and a missing setting alike (nullif), and
+                # nothing ever sets one beyond its transaction. So an empty context costs no round trip.
+                await set_tenant(self.session, self.tenant)
         except BaseException:
             # __aexit__ does not run when __aenter__ raises: give the connection back to the pool here.
             await self.session.close()

@@ -145,7 +145,7 @@ async def provide_download_principal(
         if found is None:
             raise LinkInvalid()
         principal = found
-    await uow.retenant(Tenant(user_id=principal.user_id))
+    await uow.retenant(Tenant(org_id=uow.tenant.org_id, user_id=principal.user_id))
     return principal
 
 
