@@ -44,6 +44,8 @@ from space.exports.models import ExportChunk
 
 READ_PART_BYTES = 1024 * 1024
 """A download reads at most this many bytes of a chunk per query: one part, all it holds at a time."""
+CHUNK_SIZES_KEPT = 4096
+"""How many executions' chunk sizes a store remembers (what a range needs to find its first chunk)."""
 READ_PIECE_BYTES = 128 * 1024
 """A part comes back cut into rows of this size, each handed to the server as it is (see `PgResultStore.read`)."""
 
@@ -226,6 +228,7 @@ class PgResultStore:
         self._sessionmaker = sessionmaker
         self._part_bytes = part_bytes
         self._piece_bytes = min(piece_bytes, part_bytes)
+        self._chunk_sizes: dict[ResultKey, int] = {}
 
     def _uow(self, key: ResultKey) -> UnitOfWork:
         return UnitOfWork(self._sessionmaker, Tenant(org_id=key.org_id))
@@ -293,10 +296,7 @@ class PgResultStore:
         """
         seq, pos, offset = 0, start, start
         if start:
-            first = await _finished(self._query(key, _CHUNK_SIZE))
-            if not first or not first[0][0]:
-                raise ResultMissing(f"export {key.export_id} has no stored byte {start}")
-            seq, pos = divmod(start, int(first[0][0]))
+            seq, pos = divmod(start, await self._chunk_size(key, start))
         packed: _Expanding | None = None  # chunk `seq`'s frame as far as it was read, when it is packed
         while end is None or offset < end:
             length = self._part_bytes if end is None else min(self._part_bytes, end - offset)
@@ -331,6 +331,20 @@ class PgResultStore:
                     raise ResultMissing(f"chunk {seq} of export {key.export_id} expands to fewer bytes than it holds")
             if pos >= chunk_size:
                 seq, pos, packed = seq + 1, 0, None
+
+    async def _chunk_size(self, key: ResultKey, start: int) -> int:
+        """The size of an execution's chunks (its first one's, expanded), read once and then remembered: a
+        published execution's chunks never change (a retry is another execution), and a download of a deleted
+        one is refused before it reads (and its parts would be missing)."""
+        size = self._chunk_sizes.get(key)
+        if size is None:
+            first = await _finished(self._query(key, _CHUNK_SIZE))
+            if not first or not first[0][0]:
+                raise ResultMissing(f"export {key.export_id} has no stored byte {start}")
+            size = self._chunk_sizes[key] = int(first[0][0])
+            if len(self._chunk_sizes) > CHUNK_SIZES_KEPT:
+                del self._chunk_sizes[next(iter(self._chunk_sizes))]  # the oldest
+        return size
 
     async def _query(self, key: ResultKey, query: str, **params: int) -> list[tuple[Any, ...]]:
         """One read-only statement in its own short transaction under the org's context, rows in binary.

@@ -65,10 +65,9 @@ async def provide_member(
     opt = request.route_handler.opt
     ip = request_ip(request)
     await uow.retenant(Tenant(org_id=oid, user_id=principal.user_id))
-    org = await uow.session.get(Organization, oid)
+    org, membership = await service.org_and_membership(uow.session, oid, principal.user_id)
     if org is None or org.state == OrgState.deleted:
         raise NotFound()
-    membership = await service.membership_of(uow.session, oid, principal.user_id)
     if membership is None:
         if not opt.get("allow_former_member"):
             raise NotFound()

@@ -235,6 +235,22 @@ async def membership_of(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.
     ).scalar_one_or_none()
 
 
+async def org_and_membership(
+    session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID
+) -> tuple[Organization | None, Membership | None]:
+    """The org and the user's membership in it as the database has them now, in one statement (every org route
+    reads both); (None, None) when the org is not visible."""
+    row = (
+        await session.execute(
+            select(Organization, Membership)
+            .outerjoin(Membership, (Membership.org_id == Organization.id) & (Membership.user_id == user_id))
+            .where(Organization.id == org_id)
+            .execution_options(populate_existing=True)
+        )
+    ).one_or_none()
+    return (None, None) if row is None else (row[0], row[1])
+
+
 async def org_state(session: AsyncSession, org_id: uuid.UUID) -> str | None:
     """The org's state, or None when it is gone."""
     state: str | None = await session.scalar(select(Organization.state).where(Organization.id == org_id))
