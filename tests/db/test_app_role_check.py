@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from space.app import create_app
 from space.config import Settings
 from space.db import APP_ROLE, QUEUE_ROLE, AppRoleError, app_url, queue_conninfo
 from space.worker import run_worker
+from tests.helpers import free_port, space_env
 
 SPACE = str(Path(sys.executable).with_name("space"))
 
@@ -119,8 +119,8 @@ async def test_the_app_role_itself_starts(settings: Settings) -> None:
 
 
 def test_cli_prints_the_refusal(owner_url: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
-    env |= {"DATABASE_URL": owner_url, "SPACE_APP_DATABASE_URL": owner_url}
+    # On a free port: the refusal must be the role check's, not a busy default port's.
+    env = space_env(owner_url, SPACE_APP_DATABASE_URL=owner_url, SPACE_PORT=str(free_port()))
     for command in ("api", "worker"):
         out = subprocess.run([SPACE, command], env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode != 0, out
