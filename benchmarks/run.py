@@ -552,16 +552,17 @@ async def link_downloads(url: str, org: Org, export_id: str, tmp: Path) -> dict[
             r.raise_for_status()
             link = r.json()["url"]
             space = await _download_rounds(client, out, size, {"bearer": (result, auth), "link": (link, {})}, link)
-        floor_port = free_port()
-        floor = spawn_floor(out, floor_port)
-        try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{floor_port}", timeout=TIMEOUT) as client:
-                await wait_healthy(client, floor, "/file")
-                bare = await _download_rounds(client, tmp / "floor-download", size, {"whole": ("/file", {})}, "/file")
-        finally:
-            stop(floor)
     finally:
         stop(api)
+    # The floor serves the file the API just sent (`out`), alone on the machine as the API was.
+    port = free_port()
+    floor = spawn_floor(out, port)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
+            await wait_healthy(client, floor, "/file")
+            bare = await _download_rounds(client, tmp / "floor-download", size, {"whole": ("/file", {})}, "/file")
+    finally:
+        stop(floor)
         _empty(tmp)
     return {
         "case": "link_downloads_1m",

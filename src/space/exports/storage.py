@@ -44,10 +44,10 @@ from space.exports.models import ExportChunk
 
 READ_PART_BYTES = 1024 * 1024
 """A download reads at most this many bytes of a chunk per query: one part, all it holds at a time."""
-CHUNK_SIZES_KEPT = 4096
-"""How many executions' chunk sizes a store remembers (what a range needs to find its first chunk)."""
 READ_PIECE_BYTES = 128 * 1024
 """A part comes back cut into rows of this size, each handed to the server as it is (see `PgResultStore.read`)."""
+CHUNK_SIZES_KEPT = 4096
+"""How many executions' chunk sizes a store remembers (what a range needs to find its first chunk)."""
 
 PACKED_AT_MOST = 0.75
 """A chunk is stored packed only if its lz4 frame is at most this share of it (as PostgreSQL's own TOAST asks
