@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install run test lint bench test-faults test-spreadsheet clean
+.PHONY: install run test lint chromium bench test-faults test-spreadsheet clean
 
 install: $(VENV)/.installed
 
@@ -21,8 +21,22 @@ lint: install
 	$(BIN)/ruff format --check src tests benchmarks migrations
 	$(BIN)/mypy
 
-test: lint
+test: lint chromium
 	$(BIN)/pytest
+
+# The browser tests drive the distribution's Chromium (Playwright's own browser download is not used), found where
+# tests/browser/conftest.py looks: SPACE_TEST_CHROMIUM, else `chromium` on the PATH, else /usr/bin/chromium. When
+# none is there it is installed from the distribution's packages (with sudo unless root). `make chromium
+# CHROMIUM=/nowhere APT_GET="echo apt-get"` shows what a machine without it runs, without running it.
+CHROMIUM ?= $(or $(SPACE_TEST_CHROMIUM),$(shell command -v chromium 2>/dev/null),/usr/bin/chromium)
+APT_GET ?= apt-get
+
+chromium:
+	@[ -x "$(CHROMIUM)" ] || { \
+	  if [ -n "$$SPACE_TEST_CHROMIUM" ]; then echo "SPACE_TEST_CHROMIUM=$$SPACE_TEST_CHROMIUM is not a program"; exit 1; fi; \
+	  echo "no Chromium at $(CHROMIUM): installing the distribution's chromium with apt-get"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO $(APT_GET) update && $$SUDO env DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y chromium; }
 
 test-faults: install
 	$(BIN)/pytest -m faults

@@ -114,6 +114,14 @@ def test_green_on_a_fresh_migrated_database(deployment: Deployment) -> None:
     assert _failing(lines) == set(), output
     assert code == 0, output
     assert deployment.role in lines["app role"]
+    # Every SECURITY DEFINER function the migrations left is one the check judged.
+    with deployment.owner() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE p.prosecdef AND n.nspname = 'public'"
+        ).fetchone()
+    assert row is not None and row[0] >= 9, row
+    assert f"maintenance functions: {row[0]} functions," in lines["maintenance functions"], output
 
 
 def test_force_off_on_one_table_is_red_and_names_the_fix(deployment: Deployment) -> None:
@@ -184,6 +192,44 @@ def test_maintenance_functions_that_cannot_see_rows_are_red(deployment: Deployme
     assert _failing(lines) == {"maintenance functions"}, output
     line = lines["maintenance functions"]
     assert "space_exports_reconcile_candidates" in line and weak in line and "BYPASSRLS" in line, output
+
+
+def test_a_security_definer_function_no_list_names_is_checked(deployment: Deployment) -> None:
+    # Made the way a careless migration would: its search_path not pinned, EXECUTE left to PUBLIC.
+    fn = "space_chk_unlisted(integer)"
+    with deployment.owner() as conn:
+        conn.execute(
+            "CREATE FUNCTION space_chk_unlisted(n integer) RETURNS integer LANGUAGE sql SECURITY DEFINER AS 'SELECT n'"
+        )
+        try:
+            code, lines, output = _check(deployment)
+        finally:
+            conn.execute(f"DROP FUNCTION {fn}")
+    assert code != 0, output
+    assert _failing(lines) == {"maintenance functions"}, output
+    line = lines["maintenance functions"]
+    assert f"{fn} does not pin its search_path" in line, output
+    assert f"ALTER FUNCTION {fn} SET search_path = pg_catalog, pg_temp" in line, output
+    assert f"REVOKE ALL ON FUNCTION {fn} FROM PUBLIC" in line, output
+
+
+def test_a_search_path_that_is_not_pinned_is_red(deployment: Deployment) -> None:
+    # One of the functions the hand-written list used to miss, its search_path reset, then one that searches
+    # pg_temp first (the search_path it gets when pg_temp is not named last).
+    fn = "space_ticket_search(text, integer)"
+    with deployment.owner() as conn:
+        try:
+            conn.execute(f"ALTER FUNCTION {fn} RESET search_path")
+            code, lines, output = _check(deployment)
+            conn.execute(f"ALTER FUNCTION {fn} SET search_path = pg_temp, pg_catalog")
+            code2, lines2, output2 = _check(deployment)
+        finally:
+            conn.execute(f"ALTER FUNCTION {fn} SET search_path = pg_catalog, pg_temp")
+    assert code != 0 and code2 != 0, output + output2
+    assert _failing(lines) == _failing(lines2) == {"maintenance functions"}, output + output2
+    assert f"{fn} does not pin its search_path" in lines["maintenance functions"], output
+    line = lines2["maintenance functions"]
+    assert "pg_temp not last" in line and "SET search_path = pg_catalog, pg_temp" in line, output2
 
 
 def test_queue_schema_not_owned_by_the_queue_role_is_red(deployment: Deployment) -> None:

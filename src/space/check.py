@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import psycopg
 from sqlalchemy import make_url, text
@@ -47,10 +47,12 @@ this host times (logs, and signed links once they exist) is compared with it."""
 CONNECT_TIMEOUT_SECONDS = 10
 READ_ONLY = "-c default_transaction_read_only=on"
 
-# SECURITY DEFINER functions through which the app role reads across orgs (ids only). They run as their
-# owner, and under FORCE RLS an owner that neither is superuser nor has BYPASSRLS sees no row at all: the
-# reconciler and the cleanup would then find nothing, silently. Some have a policy of their own. Each maps to
-# a call that proves the app role may run it and returns nothing (None: it writes, and the check only reads).
+# The SECURITY DEFINER functions the migrations create: through them the app role reads across orgs (ids and
+# counts only) or purges an org's audit trail. They run as their owner, and under FORCE RLS an owner that
+# neither is superuser nor has BYPASSRLS sees no row at all: the reconciler and the cleanup would then find
+# nothing, silently. Some have a policy of their own. Each maps to a call that proves the app role may run it
+# and returns nothing (None: it writes, and the check only reads). The check judges every SECURITY DEFINER
+# function the catalogue holds, not only these: this list adds the calls, and a missing one is reported.
 MAINTENANCE_FUNCTIONS: dict[str, str | None] = {
     "space_maintenance_due_purges(integer)": "space_maintenance_due_purges(0)",
     "space_exports_reconcile_candidates(integer)": "space_exports_reconcile_candidates(0)",
@@ -58,6 +60,12 @@ MAINTENANCE_FUNCTIONS: dict[str, str | None] = {
     "space_exports_orphan_executions(integer)": "space_exports_orphan_executions(0)",
     "space_webhooks_due_deliveries(integer, interval)": "space_webhooks_due_deliveries(0)",
     "space_exports_queue_stats()": "space_exports_queue_stats()",
+    # With no tenant context it answers an empty array without reading a row.
+    "space_ticket_search(text, integer)": "space_ticket_search('', 0)",
+    # Counts a user that has no exports; the setting it names for its policy is local to the call.
+    "space_exports_user_usage(uuid, interval)": (
+        "space_exports_user_usage('00000000-0000-0000-0000-000000000000', interval '0')"
+    ),
     # The purge of an org's audit trail deletes: the catalogue check (owner, grant, policy) only.
     "space_audit_purge(uuid, integer)": None,
 }
@@ -65,6 +73,8 @@ OWN_POLICY = {
     "space_maintenance_due_purges(integer)": ("organizations", "maintenance_due_purges"),
     "space_webhooks_due_deliveries(integer, interval)": ("webhook_deliveries", "maintenance_webhook_deliveries"),
     "space_audit_purge(uuid, integer)": ("audit_events", "purge_audit"),
+    "space_ticket_search(text, integer)": ("tickets", "search_tickets"),
+    "space_exports_user_usage(uuid, interval)": ("export_jobs", "limits_user_usage"),
 }
 
 
@@ -344,48 +354,75 @@ async def rls_problems(conn: AsyncConnection) -> list[tuple[str, str]]:
     return problems
 
 
+# Every SECURITY DEFINER function of this database's own schemas (not the system's, not an extension's), and
+# the ones the migrations create: what each is, who runs it, who may call it. Named as MAINTENANCE_FUNCTIONS
+# spells them (argument types as format_type prints them), with its schema when that is not public.
+_PRIVILEGED_FUNCTIONS = """
+SELECT CASE WHEN n.nspname = 'public' THEN '' ELSE quote_ident(n.nspname) || '.' END
+    || quote_ident(p.proname) || '(' || oidvectortypes(p.proargtypes) || ')', p.prosecdef, r.rolname, r.rolsuper OR r.rolbypassrls,
+  has_function_privilege(p.oid, 'EXECUTE'), has_function_privilege('public', p.oid, 'EXECUTE'),
+  (SELECT substr(c, length('search_path=') + 1) FROM unnest(p.proconfig) c WHERE c LIKE 'search\\_path=%')
+FROM pg_proc p JOIN pg_roles r ON r.oid = p.proowner JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE (p.prosecdef AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'
+    AND NOT EXISTS (SELECT 1 FROM pg_depend d
+      WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'))
+  OR p.oid = ANY (ARRAY(SELECT to_regprocedure('public.' || s) FROM unnest(CAST(:known AS text[])) s))
+ORDER BY 1
+"""
+
+_OWN_POLICY_HOLDS = (
+    "SELECT EXISTS (SELECT 1 FROM pg_policy pol JOIN pg_roles r ON r.oid = ANY (pol.polroles)"
+    " WHERE pol.polrelid = to_regclass(CAST(:policy_table AS text)) AND pol.polname = :policy AND r.rolname = :owner)"
+)
+
+
 async def maintenance_functions(p: Probe) -> Result:
-    """The cross-org functions exist, run as a role that sees every row, and the app role (only) may call them."""
+    """Every SECURITY DEFINER function pins its search_path, runs as a role that sees its rows, and the app role
+    (only) may call it; the ones the migrations create exist and answer the app role."""
     conn = p.need_app()
     me = str(await conn.scalar(text("SELECT current_user")))
-    problems: list[tuple[str, str]] = []
+    rows = (await conn.execute(text(_PRIVILEGED_FUNCTIONS), {"known": list(MAINTENANCE_FUNCTIONS)})).all()
+    found = {row[0]: row for row in rows}
+    problems: list[tuple[str, str]] = [
+        (f"{signature} is missing", "run `space migrate`")
+        for signature in MAINTENANCE_FUNCTIONS
+        if signature not in found
+    ]
     owners: set[str] = set()
-    for signature, call in MAINTENANCE_FUNCTIONS.items():
-        found = await _function_problems(conn, signature, me, owners)
-        if not found and call is not None:
+    for signature, row in found.items():
+        owners.add(row[2])
+        failing = await _function_problems(conn, row, me)
+        call = MAINTENANCE_FUNCTIONS.get(signature)
+        if not failing and call is not None:
             # The grant is there; calling it (LIMIT 0 returns nothing) proves the app role really may.
             try:
                 await conn.execute(text(f"SELECT count(*) FROM {call}"))
             except DBAPIError as exc:
-                found = [(f"{signature}: {_first_line(exc)}", f"GRANT EXECUTE ON FUNCTION {signature} TO {me}")]
-        problems += found
+                failing = [(f"{signature}: {_first_line(exc)}", f"GRANT EXECUTE ON FUNCTION {signature} TO {me}")]
+        problems += failing
     if problems:
         return failed(problems)
-    return ok(f"{len(MAINTENANCE_FUNCTIONS)} functions, run as {', '.join(sorted(owners))}, callable by {me}")
+    return ok(f"{len(found)} functions, run as {', '.join(sorted(owners))}, callable by {me}")
 
 
-async def _function_problems(conn: AsyncConnection, signature: str, me: str, owners: set[str]) -> list[tuple[str, str]]:
-    table, policy = OWN_POLICY.get(signature, (None, None))
-    policy_table = f"public.{table}" if table else None
-    row = (
-        await conn.execute(
-            text(
-                "SELECT p.prosecdef, r.rolname, r.rolsuper OR r.rolbypassrls,"
-                " has_function_privilege(p.oid, 'EXECUTE'), has_function_privilege('public', p.oid, 'EXECUTE'),"
-                " EXISTS (SELECT 1 FROM pg_policy pol WHERE pol.polrelid = to_regclass(CAST(:policy_table AS text))"
-                "  AND pol.polname = :policy AND r.oid = ANY (pol.polroles))"
-                " FROM pg_proc p JOIN pg_roles r ON r.oid = p.proowner WHERE p.oid = to_regprocedure(:sig)"
-            ),
-            {"sig": f"public.{signature}", "policy_table": policy_table, "policy": policy},
-        )
-    ).first()
-    if row is None:
-        return [(f"{signature} is missing", "run `space migrate`")]
-    definer, owner, bypasses, may_execute, public_may, own_policy = row
-    owners.add(owner)
+async def _function_problems(conn: AsyncConnection, row: Any, me: str) -> list[tuple[str, str]]:
+    signature, definer, owner, bypasses, may_execute, public_may, search_path = row
     problems: list[tuple[str, str]] = []
     if not definer:
         problems.append((f"{signature} is not SECURITY DEFINER", "run `space migrate`"))
+    # A definer function resolves unqualified names through the caller's search_path unless it pins its own,
+    # and pg_temp not named last is searched first: a caller's temporary table or function would run as the owner.
+    path = [part.strip().strip('"') for part in (search_path or "").split(",") if part.strip()]
+    if not path or path[-1] != "pg_temp":
+        pinned = ", ".join([part for part in path if part != "pg_temp"] or ["pg_catalog"])
+        detail = f"search_path is {search_path}, pg_temp not last" if path else "does not pin its search_path"
+        problems.append((f"{signature} {detail}", f"ALTER FUNCTION {signature} SET search_path = {pinned}, pg_temp"))
+    table, policy = OWN_POLICY.get(signature, (None, None))
+    own_policy = table is not None and bool(
+        await conn.scalar(
+            text(_OWN_POLICY_HOLDS), {"policy_table": f"public.{table}", "policy": policy, "owner": owner}
+        )
+    )
     if not (bypasses or own_policy):
         problems.append(
             (

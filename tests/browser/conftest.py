@@ -100,7 +100,7 @@ async def worker(settings: Settings) -> AsyncIterator[None]:
 
 def _require_chromium() -> None:
     if not Path(CHROMIUM).is_file():
-        pytest.fail(f"no Chromium at {CHROMIUM}: `apt-get install chromium` (.ci/run does) or set SPACE_TEST_CHROMIUM")
+        pytest.fail(f"no Chromium at {CHROMIUM}: `make chromium` installs it, or set SPACE_TEST_CHROMIUM")
 
 
 @pytest.fixture(scope="session")
