@@ -17,13 +17,13 @@ from space.config import Settings, parse_networks
 from space.db import Database, app_url, check_app_role
 from space.exports.downloads import DownloadSlots
 from space.exports.links import load_signer
-from space.exports.queue import open_queue
 from space.exports.routes import ExportController, manifest_schema_route, snapshot_schema_route
 from space.exports.storage import open_result_store
 from space.observability.requests import HTTP_METRICS, request_ids
 from space.orgs.routes import router as orgs_router
 from space.problems import EXCEPTION_HANDLERS
 from space.projects.routes import router as projects_router
+from space.queue import open_queue
 from space.system import health, me, metrics_text, ready
 from space.tickets.routes import router as tickets_router
 from space.web.routes import router as web_router

@@ -21,18 +21,13 @@ from saq.types import PartialTimersDict
 
 from space.config import Settings
 from space.db import Database, app_url, check_app_role
-from space.exports.jobs import (
-    ForeignJob,
-    cleanup_exports_job,
-    reconcile_exports_job,
-    run_export_job,
-    wake_after_export_job,
-)
+from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_export_job, wake_after_export_job
 from space.exports.lease import HAND_BACK_SECONDS
-from space.exports.queue import RUN_EXPORT, make_queue, queue_identity
+from space.exports.queue import RUN_EXPORT
 from space.exports.storage import open_result_store
 from space.observability.metrics import WorkerMetricsServer
 from space.orgs.jobs import purge_due_job
+from space.queue import ForeignJob, guarded, make_queue, queue_identity
 from space.webhooks.jobs import deliver_webhook_job, sweep_webhooks_job
 from space.webhooks.queue import DELIVER_WEBHOOK
 
@@ -58,7 +53,7 @@ def every(seconds: int) -> str:
 
 class _QuietForeignJobs(logging.Filter):
     """Drops SAQ's "Error processing job" traceback for a job handed back to another installation: it is not an
-    error, and `space.exports.jobs` has logged it once already (SAQ would log it at every pass)."""
+    error, and `space.queue.guarded` has logged it once already (SAQ would log it at every pass)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         """False for a record whose exception is ForeignJob."""
@@ -120,16 +115,17 @@ async def build_worker(
         finally:
             await db.dispose()
 
-    functions: Any = [(RUN_EXPORT, run_export_job), (DELIVER_WEBHOOK, deliver_webhook_job)]
+    # Every job and cron entry is `guarded`: one of another installation sharing the broker is handed back.
+    functions: Any = [(RUN_EXPORT, guarded(run_export_job)), (DELIVER_WEBHOOK, guarded(deliver_webhook_job))]
     cadence = cadence_seconds(settings)
     # SAQ sweeps entries whose heartbeat (one lease) stopped; sweeping once a lease finds them in time.
     # The other timers are SAQ's defaults (its typing wants every key).
     timers: PartialTimersDict = {"schedule": 1, "worker_info": 10, "sweep": cadence, "abort": 1}
     cron_jobs: Any = [
-        CronJob(reconcile_exports_job, cron=every(cadence), timeout=60),
-        CronJob(cleanup_exports_job, cron=EVERY_FIVE_MINUTES, timeout=300),
-        CronJob(purge_due_job, cron=EVERY_MINUTE, timeout=300),
-        CronJob(sweep_webhooks_job, cron=EVERY_MINUTE, timeout=60),
+        CronJob(guarded(reconcile_exports_job), cron=every(cadence), timeout=60),
+        CronJob(guarded(cleanup_exports_job), cron=EVERY_FIVE_MINUTES, timeout=300),
+        CronJob(guarded(purge_due_job), cron=EVERY_MINUTE, timeout=300),
+        CronJob(guarded(sweep_webhooks_job), cron=EVERY_MINUTE, timeout=60),
     ]
     worker: Worker[Any] = Worker(
         queue,

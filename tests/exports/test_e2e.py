@@ -16,7 +16,7 @@ from litestar.testing import AsyncTestClient
 from space.app import create_app
 from space.config import Settings
 from space.db import Database
-from space.exports.queue import queue_identity
+from space.queue import queue_identity
 from space.worker import run_worker
 from tests.exports.fixtures import (
     add_project,

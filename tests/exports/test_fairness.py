@@ -23,7 +23,8 @@ from space.db.locks import ORG_CLAIMS
 from space.exports.jobs import wake_after_export_job
 from space.exports.lease import Lease
 from space.exports.pipeline import run_export
-from space.exports.queue import enqueue_export, open_queue
+from space.exports.queue import enqueue_export
+from space.queue import open_queue
 from space.worker import run_worker
 from tests.exports.fixtures import (
     WAIT,

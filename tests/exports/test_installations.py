@@ -1,6 +1,7 @@
 """Two installations (two databases) on one Redis database (issue 18): each queue is named after its
 installation, so neither installation's worker ever takes the other's job; and when two are given the same
-queue name anyway, a worker hands the other's job back rather than dropping it.
+queue name anyway, a worker hands the other's job back rather than dropping it (every job it registers: an
+export's run, a webhook delivery, a cron entry).
 
 Real pieces throughout: two migrated databases, two apps as the app role, two real workers (`run_worker`),
 one real Redis (SPACE_TEST_SHARED_REDIS_URL, default db 5; only that database is flushed). Skipped when Redis
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import uuid
@@ -30,10 +32,12 @@ from space.app import create_app
 from space.config import Settings, SettingsError, load_settings
 from space.db import Database
 from space.db.migrate import upgrade
-from space.exports.queue import INSTALLATION, QueueIdentity, make_queue, queue_identity, read_installation_id
-from space.worker import run_worker
+from space.queue import INSTALLATION, QueueIdentity, is_guarded, make_queue, queue_identity, read_installation_id
+from space.worker import build_worker, run_worker
 from tests.exports.fixtures import WAIT, add_tickets, create_export, download, parse_csv, wait_for
 from tests.helpers import Api, Org, UserFactory, app_database, fresh_database, redis_reachable
+from tests.orgs.fixtures import request_deletion
+from tests.webhooks.receiver import receiver
 
 REDIS_URL = os.environ.get("SPACE_TEST_SHARED_REDIS_URL", "redis://127.0.0.1:6379/5")
 
@@ -275,6 +279,114 @@ async def test_a_worker_hands_back_another_installations_job_when_they_share_a_q
             await queue.disconnect()
 
 
+@needs_redis
+async def test_a_worker_hands_back_another_installations_webhook_delivery_when_they_share_a_queue_name(
+    two: tuple[Installation, Installation],
+) -> None:
+    # The guard wraps every job the worker registers, not only export runs: a delivery of a's is not run by b.
+    shared = f"shared-{uuid.uuid4().hex[:8]}"
+    a, b = (
+        dataclasses.replace(
+            x, settings=msgspec.structs.replace(x.settings, queue_name=shared, webhook_allow_private=True)
+        )
+        for x in two
+    )
+    with receiver() as rx:
+        async with a.serving() as api_a, _records("saq", "space.webhooks") as records:
+            org = await api_a.org()
+            created = await api_a.call(
+                "POST", org.path("/webhooks"), org.owner, json={"url": rx.url, "events": ["org.deletion_requested"]}
+            )
+            assert created.status_code == 201, created.text
+            async with b.worker():
+                await request_deletion(api_a, org)
+                delivery_id = await _delivery_of(a.owner_url, created.json()["id"])
+                key = f"webhook:{delivery_id}:1"
+
+                def retried() -> int:
+                    return sum(
+                        1
+                        for rec in records
+                        if rec.name == "saq" and rec.getMessage().startswith("Retrying") and key in rec.getMessage()
+                    )
+
+                async def twice() -> bool:
+                    return retried() >= 2
+
+                await wait_for(twice, "b's worker to hand a's delivery back twice", WAIT)
+            assert rx.count == 0
+            assert await _delivery_row(a.owner_url, delivery_id) == ("pending", 0)
+            warnings = [r for r in records if r.name == "space.webhooks" and key in r.getMessage()]
+            assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING, warnings
+            assert not [r for r in records if r.name == "saq" and r.levelno >= logging.ERROR], records
+
+            # a's own worker then sends it, as its first attempt: the hand-backs used none.
+            async with a.worker():
+                got = await rx.next()
+                assert json.loads(got.body)["data"] == {"orgId": org.id}
+
+                async def delivered() -> tuple[str, int] | None:
+                    row = await _delivery_row(a.owner_url, delivery_id)
+                    return row if row[0] == "delivered" else None
+
+                assert await wait_for(delivered, "a's delivery to be recorded", WAIT) == ("delivered", 1)
+
+
+@needs_redis
+async def test_installations_given_one_queue_name_keep_cron_entries_of_their_own(
+    two: tuple[Installation, Installation],
+) -> None:
+    # Crons pass the guard too: with one key between them, one installation's entry would be put back by the
+    # other's workers forever once its own stopped, and the other's cron never scheduled.
+    shared = f"shared-{uuid.uuid4().hex[:8]}"
+    a, b = (dataclasses.replace(x, settings=msgspec.structs.replace(x.settings, queue_name=shared)) for x in two)
+    keys: list[str] = []
+    for inst in (a, b):
+        queue = await inst.queue()
+        try:
+            job = await queue.enqueue("sweep_webhooks_job", key="cron:sweep_webhooks_job", scheduled=2**31)
+            assert job is not None
+            keys.append(job.key)
+        finally:
+            await queue.disconnect()
+    assert len(set(keys)) == 2 and all(k.startswith(f"cron:{shared}:") for k in keys), keys
+
+
+async def test_every_job_and_cron_the_worker_registers_is_guarded(settings: Settings) -> None:
+    worker = await build_worker(settings)
+    try:
+        assert set(worker.functions) >= {
+            "run_export_job",
+            "deliver_webhook_job",
+            "reconcile_exports_job",
+            "cleanup_exports_job",
+            "purge_due_job",
+            "sweep_webhooks_job",
+        }, worker.functions
+        assert len(worker.cron_jobs) == 4
+        unguarded = [name for name, function in worker.functions.items() if not is_guarded(function)]
+        assert unguarded == []
+    finally:
+        # What the worker's stop would run: the app role's pool closes.
+        assert callable(worker.shutdown)
+        await worker.shutdown(worker.context)
+
+
+async def _delivery_of(owner_url: str, endpoint_id: str) -> str:
+    async with await psycopg.AsyncConnection.connect(owner_url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT id FROM webhook_deliveries WHERE endpoint_id = %s", (endpoint_id,))
+        row = await cur.fetchone()
+        assert row is not None
+        return str(row[0])
+
+
+async def _delivery_row(owner_url: str, delivery_id: str) -> tuple[str, int]:
+    async with await psycopg.AsyncConnection.connect(owner_url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT state, attempts FROM webhook_deliveries WHERE id = %s", (delivery_id,))
+        state, attempts = await cur.fetchone()  # type: ignore[misc]
+        return str(state), int(attempts)
+
+
 async def _finished_entry(queue: Queue, export_id: str) -> Any:
     """The export's queue entry once SAQ has recorded it complete."""
 
@@ -333,8 +445,9 @@ async def test_an_older_database_is_refused_until_migrated_and_its_old_queue_ent
 
     from space.check import ready_to_serve
     from space.db import queue_conninfo
-    from space.exports.queue import export_job, open_queue
+    from space.exports.queue import export_job
     from space.failures import OperatorError
+    from space.queue import open_queue
 
     with fresh_database(owner_url, "space_old", revision="0006") as url:
         settings = load_settings({}, database_url=url)

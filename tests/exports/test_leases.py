@@ -22,8 +22,9 @@ from space.exports.jobs import run_export_job
 from space.exports.lease import Built, Lease
 from space.exports.maintenance import cleanup, reconcile
 from space.exports.pipeline import publish, run_export
-from space.exports.queue import RUN_EXPORT, export_job, open_queue
+from space.exports.queue import RUN_EXPORT, export_job
 from space.exports.storage import PgResultStore, ResultKey
+from space.queue import open_queue
 from tests.exports.fixtures import (
     WAIT,
     Gate,

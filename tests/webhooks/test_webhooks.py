@@ -20,8 +20,8 @@ from sqlalchemy import text
 from space.app import create_app
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
-from space.exports.queue import open_queue
 from space.orgs.jobs import purge_due
+from space.queue import open_queue
 from space.webhooks import service
 from space.webhooks.delivery import deliver
 from space.webhooks.jobs import sweep_webhooks_job

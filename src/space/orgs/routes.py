@@ -11,7 +11,7 @@ from litestar.params import FromPath, JSONBody
 from space.auth.service import Principal
 from space.config import Settings
 from space.db import UnitOfWork
-from space.orgs import lifecycle, service
+from space.orgs import lifecycle, members, service
 from space.orgs.deps import ADMINS, MEMBER, OWNERS, MemberContext, parse_id
 from space.orgs.schemas import DeletionRequest, Member, MemberCreate, MemberUpdate, Org, OrgCreate
 from space.schemas import Items
@@ -61,21 +61,21 @@ class MemberController(Controller):
     @post("/", opt={"roles": ADMINS})
     async def add(self, ctx: NamedDependency[MemberContext], data: JSONBody[MemberCreate]) -> Member:
         """Add an existing user by email."""
-        return await service.add_member(ctx.uow.session, ctx.org.id, ctx.principal.user_id, data, ip=ctx.ip)
+        return await members.add_member(ctx.uow.session, ctx.org.id, ctx.principal.user_id, data, ip=ctx.ip)
 
     @patch("/{user_id:str}", opt={"roles": ADMINS})
     async def change_role(
         self, ctx: NamedDependency[MemberContext], user_id: FromPath[str], data: JSONBody[MemberUpdate]
     ) -> Member:
         """Change a member's role."""
-        return await service.change_role(
+        return await members.change_role(
             ctx.uow.session, ctx.org.id, ctx.principal.user_id, parse_id(user_id), data.role, ip=ctx.ip
         )
 
     @delete("/{user_id:str}", opt={"roles": ADMINS})
     async def remove(self, ctx: NamedDependency[MemberContext], user_id: FromPath[str]) -> None:
         """Remove a member."""
-        await service.remove_member(ctx.uow.session, ctx.org.id, ctx.principal.user_id, parse_id(user_id), ip=ctx.ip)
+        await members.remove_member(ctx.uow.session, ctx.org.id, ctx.principal.user_id, parse_id(user_id), ip=ctx.ip)
 
 
 class LifecycleController(Controller):

@@ -1,4 +1,5 @@
-"""Organizations and memberships: creation, listing, the org lock, and the member rules."""
+"""Organizations and memberships: creation, listing, the org lock, and the role rules. Imports no other domain's
+service: the member use cases (which cancel exports too) are `space.orgs.members`."""
 
 from __future__ import annotations
 
@@ -7,18 +8,13 @@ import uuid
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from space.audit import service as audit
-from space.audit.models import AuditAction
 from space.auth.models import User
-from space.auth.service import Principal, user_by_email
+from space.auth.service import Principal
 from space.db import Tenant, UnitOfWork
 from space.db.locks import lock_user
-from space.errors import AlreadyMember, Forbidden, LastOwner, NotFound, OrgDeleting, OrgLimitReached, OrgSuspended
-
-# exports.service imports this module as well: each uses the other only inside functions, once both are loaded.
-from space.exports import service as exports
+from space.errors import Forbidden, NotFound, OrgDeleting, OrgLimitReached, OrgSuspended
 from space.orgs.models import Membership, Organization, OrgState, Role
-from space.orgs.schemas import Member, MemberCreate, Org
+from space.orgs.schemas import Member, Org
 from space.tickets.models import TicketCounter
 
 
@@ -34,7 +30,7 @@ def org_out(org: Organization) -> Org:
 
 
 MANAGERS = frozenset({Role.owner, Role.admin})
-"""Who adds members, changes roles and removes members (only owners touch owners)."""
+"""Who adds members, changes roles and removes members (only owners touch owners; `space.orgs.members`)."""
 
 
 async def lock_org(session: AsyncSession, org_id: uuid.UUID) -> Organization:
@@ -100,7 +96,7 @@ async def list_orgs(uow: UnitOfWork) -> list[Org]:
     return [org_out(o) for o in rows.scalars()]
 
 
-def _member_out(m: Membership, u: User) -> Member:
+def member_out(m: Membership, u: User) -> Member:
     return Member(id=m.id, user_id=u.id, email=u.email, name=u.name, role=Role(m.role), created_at=m.created_at)
 
 
@@ -112,7 +108,7 @@ async def list_members(session: AsyncSession, org_id: uuid.UUID) -> list[Member]
         .where(Membership.org_id == org_id)
         .order_by(Membership.created_at, Membership.id)
     )
-    return [_member_out(m, u) for m, u in rows.all()]
+    return [member_out(m, u) for m, u in rows.all()]
 
 
 async def authority(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, roles: frozenset[Role]) -> Membership:
@@ -130,98 +126,6 @@ def ensure_role(role: Role, roles: frozenset[Role]) -> None:
     """Forbidden unless `role` is one of `roles` (the role guard's one answer)."""
     if role not in roles:
         raise Forbidden(f"This action needs one of the roles: {', '.join(sorted(r.value for r in roles))}.")
-
-
-async def _lock_as_manager(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID) -> Role:
-    # The org's state and the actor's role were read before the lock; either may have changed while this
-    # request waited for it (the reason the lock exists), so both are decided again here.
-    org = await lock_org(session, org_id)
-    if org.state == OrgState.deleted:
-        raise NotFound()
-    actor = await authority(session, org_id, actor_id, MANAGERS)
-    ensure_writable(org)
-    return Role(actor.role)
-
-
-async def add_member(
-    session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, data: MemberCreate, *, ip: str | None = None
-) -> Member:
-    """Add an existing user by email, as `actor_id` (an owner or admin under the lock); only owners add owners."""
-    _ensure_may_grant(await _lock_as_manager(session, org_id, actor_id), data.role)
-    user = await user_by_email(session, data.email)
-    if await membership_of(session, org_id, user.id) is not None:
-        raise AlreadyMember(f"{user.email} is already a member.")
-    m = Membership(id=uuid.uuid4(), org_id=org_id, user_id=user.id, role=data.role.value)
-    session.add(m)
-    await session.flush()
-    await session.refresh(m)
-    await audit.record(
-        session,
-        org_id,
-        AuditAction.member_added,
-        audit.Target.user(user.id),
-        actor_id=actor_id,
-        ip=ip,
-        details={"role": m.role},
-    )
-    return _member_out(m, user)
-
-
-async def change_role(
-    session: AsyncSession,
-    org_id: uuid.UUID,
-    actor_id: uuid.UUID,
-    user_id: uuid.UUID,
-    role: Role,
-    *,
-    ip: str | None = None,
-) -> Member:
-    """Change a member's role under the org lock (ordered against export publishes), as `actor_id` then; their
-    queued and running exports the new role can't hold are cancelled in the same transaction."""
-    actor_role = await _lock_as_manager(session, org_id, actor_id)
-    m = await _target(session, org_id, actor_role, user_id)
-    _ensure_may_grant(actor_role, role)
-    if m.role == Role.owner and role is not Role.owner:
-        await _ensure_not_last_owner(session, org_id)
-    before = m.role
-    if before != role.value:
-        m.role = role.value
-        await session.flush()
-        await audit.record(
-            session,
-            org_id,
-            AuditAction.member_role_changed,
-            audit.Target.user(user_id),
-            actor_id=actor_id,
-            ip=ip,
-            details={"from": before, "to": role.value},
-        )
-        await exports.cancel_for_role(session, org_id, user_id, role, actor_id=actor_id, ip=ip)
-    user = await session.get_one(User, user_id)
-    return _member_out(m, user)
-
-
-async def remove_member(
-    session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, user_id: uuid.UUID, *, ip: str | None = None
-) -> None:
-    """Remove a member under the org lock, as `actor_id` then; the last owner stays. Their queued and running
-    exports are cancelled in the same transaction."""
-    actor_role = await _lock_as_manager(session, org_id, actor_id)
-    m = await _target(session, org_id, actor_role, user_id)
-    if m.role == Role.owner:
-        await _ensure_not_last_owner(session, org_id)
-    await session.delete(m)
-    await session.flush()
-    await audit.record(
-        session,
-        org_id,
-        AuditAction.member_removed,
-        audit.Target.user(user_id),
-        actor_id=actor_id,
-        ip=ip,
-        details={"role": m.role},
-    )
-    await exports.cancel_for_role(session, org_id, user_id, None, actor_id=actor_id, ip=ip)
 
 
 async def membership_of(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID) -> Membership | None:
@@ -269,30 +173,6 @@ def ensure_writable(org: Organization) -> None:
         raise OrgSuspended("The organization is suspended; its data is read-only.")
     if org.state == OrgState.deleting:
         raise OrgDeleting("The organization is being deleted.")
-
-
-async def _target(session: AsyncSession, org_id: uuid.UUID, actor_role: Role, user_id: uuid.UUID) -> Membership:
-    m = await membership_of(session, org_id, user_id)
-    if m is None:
-        raise NotFound()
-    if m.role == Role.owner and actor_role is not Role.owner:
-        raise Forbidden("Only owners can change or remove owners.")
-    return m
-
-
-def _ensure_may_grant(actor_role: Role, role: Role) -> None:
-    if role is Role.owner and actor_role is not Role.owner:
-        raise Forbidden("Only owners can make owners.")
-
-
-async def _ensure_not_last_owner(session: AsyncSession, org_id: uuid.UUID) -> None:
-    owners = await session.scalar(
-        select(func.count())
-        .select_from(Membership)
-        .where(Membership.org_id == org_id, Membership.role == Role.owner.value)
-    )
-    if (owners or 0) <= 1:
-        raise LastOwner("The last owner can't be removed or demoted.")
 
 
 async def key_shared_membership(
