@@ -30,7 +30,7 @@ from space.exports.jobs import (
 )
 from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT, make_queue, queue_identity
-from space.exports.storage import open_result_store
+from space.exports.storage.factory import open_result_store
 from space.observability.metrics import WorkerMetricsServer
 from space.orgs.jobs import purge_due_job
 from space.webhooks.jobs import deliver_webhook_job, sweep_webhooks_job

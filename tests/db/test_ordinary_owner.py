@@ -20,7 +20,8 @@ from space.db import Database, Tenant, UnitOfWork, queue_conninfo
 from space.db.migrate import downgrade, scripts
 from space.exports.maintenance import cleanup, reconcile
 from space.exports.queue import open_queue
-from space.exports.storage import PgResultStore, ResultKey
+from space.exports.storage.postgres import PgResultStore
+from space.exports.storage.protocol import ResultKey
 from space.orgs.jobs import due_org_ids, purge_due
 from tests.exports.fixtures import (
     add_tickets,
