@@ -17,7 +17,7 @@ from pathlib import Path
 from litestar import Litestar, Request, get
 from litestar.response import Stream
 
-from space.exports.storage import READ_PIECE_BYTES
+from space.exports.storage.protocol import READ_PIECE_BYTES
 
 _BODY = memoryview(Path(os.environ["SPACE_BENCH_FLOOR_FILE"]).read_bytes())
 

@@ -82,7 +82,7 @@ from space.config import load_settings
 from space.db import Database, app_url
 from space.db.migrate import upgrade
 from space.demo import seed_org
-from space.exports.storage import READ_PART_BYTES
+from space.exports.storage.postgres import READ_PART_BYTES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TIMEOUT = 600.0

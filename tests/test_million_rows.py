@@ -33,7 +33,8 @@ from space.config import load_settings
 from space.db import APP_ROLE, Tenant, UnitOfWork
 from space.db.migrate import upgrade
 from space.demo import DemoUser, seed_org
-from space.exports.storage import PgResultStore, ResultKey
+from space.exports.storage.postgres import PgResultStore
+from space.exports.storage.protocol import ResultKey
 from tests.exports.fixtures import add_tickets, job_row, uid, wait_for
 from tests.helpers import TestUser as Person  # not collected as a test class
 from tests.helpers import app_database, fresh_database, spawn_worker

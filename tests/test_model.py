@@ -34,7 +34,7 @@ from space.config import Settings
 from space.db import Database
 from space.exports.maintenance import cleanup
 from space.exports.pipeline import run_export
-from space.exports.storage import PgResultStore
+from space.exports.storage.postgres import PgResultStore
 from tests import helpers
 from tests.exports.fixtures import add_project, add_tickets, runner, tuned, uid
 from tests.helpers import Api, UserFactory

@@ -38,7 +38,7 @@ def test_the_worker_loads_no_link_signing_http_client_or_web_framework() -> None
         "import sys, space.cli, space.worker; "
         "print(sorted(m for m in ('jwt', 'httpx', 'cryptography', 'litestar') if m in sys.modules)); "
         # The S3 store's client brings httpx along (aiobotocore's optional backend), not Litestar.
-        "import space.exports.s3; print('litestar' in sys.modules)"
+        "import space.exports.storage.s3; print('litestar' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["[]", "False"]

@@ -18,7 +18,7 @@ from space.db import Database, app_url, check_app_role
 from space.exports.downloads import DownloadSlots
 from space.exports.links import load_signer
 from space.exports.routes import ExportController, manifest_schema_route, snapshot_schema_route
-from space.exports.storage import open_result_store
+from space.exports.storage.factory import open_result_store
 from space.observability.requests import HTTP_METRICS, request_ids
 from space.orgs.routes import router as orgs_router
 from space.problems import EXCEPTION_HANDLERS

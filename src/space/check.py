@@ -554,7 +554,7 @@ async def result_store(p: Probe) -> Result | None:
 async def _result_store(settings: Settings) -> Result | None:
     if not settings.result_store.startswith("s3://"):
         return None  # the database: checked by the lines above
-    from space.exports.s3 import S3Location, StoreUnavailable, check_bucket
+    from space.exports.storage.s3 import S3Location, StoreUnavailable, check_bucket
 
     try:
         return ok(await check_bucket(S3Location.parse(settings.result_store)))

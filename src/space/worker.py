@@ -24,7 +24,7 @@ from space.db import Database, app_url, check_app_role
 from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_export_job, wake_after_export_job
 from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT
-from space.exports.storage import open_result_store
+from space.exports.storage.factory import open_result_store
 from space.observability.metrics import WorkerMetricsServer
 from space.orgs.jobs import purge_due_job
 from space.queue import ForeignJob, guarded, make_queue, queue_identity

@@ -19,7 +19,8 @@ from space.config import Settings, load_settings
 from space.db import Database, Tenant, UnitOfWork, queue_conninfo
 from space.db.migrate import downgrade, scripts
 from space.exports.maintenance import cleanup, reconcile
-from space.exports.storage import PgResultStore, ResultKey
+from space.exports.storage.postgres import PgResultStore
+from space.exports.storage.protocol import ResultKey
 from space.orgs.jobs import due_org_ids, purge_due
 from space.queue import open_queue
 from tests.exports.fixtures import (

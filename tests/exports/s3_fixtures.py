@@ -27,8 +27,9 @@ from httpx import Response
 
 from space.config import Settings
 from space.db import Database
-from space.exports.s3 import S3Location, S3ResultStore
-from space.exports.storage import PgResultStore, ResultStore
+from space.exports.storage.postgres import PgResultStore
+from space.exports.storage.protocol import ResultStore
+from space.exports.storage.s3 import S3Location, S3ResultStore
 from tests.helpers import Api, Org, TestUser, free_port
 
 BUCKET = "space-test"

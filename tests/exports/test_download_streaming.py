@@ -41,7 +41,8 @@ from space.config import Settings, load_settings
 from space.db import Database, Tenant, UnitOfWork, app_url
 from space.exports.downloads import BUSY_RETRY_AFTER
 from space.exports.pipeline import run_export
-from space.exports.storage import READ_PART_BYTES, READ_PIECE_BYTES, PgResultStore, ResultKey, ResultMissing
+from space.exports.storage.postgres import READ_PART_BYTES, PgResultStore
+from space.exports.storage.protocol import READ_PIECE_BYTES, ResultKey, ResultMissing
 from tests.exports.fixtures import WAIT, add_tickets, create_export, job_row, runner, tuned, uid, wait_for
 from tests.faults.procs import Procs
 from tests.helpers import Api, Org, UserFactory, assert_problem, fresh_database

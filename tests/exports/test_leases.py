@@ -23,7 +23,8 @@ from space.exports.lease import Built, Lease
 from space.exports.maintenance import cleanup, reconcile
 from space.exports.pipeline import publish, run_export
 from space.exports.queue import RUN_EXPORT, export_job
-from space.exports.storage import PgResultStore, ResultKey
+from space.exports.storage.postgres import PgResultStore
+from space.exports.storage.protocol import ResultKey
 from space.queue import open_queue
 from tests.exports.fixtures import (
     WAIT,

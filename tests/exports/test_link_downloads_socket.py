@@ -22,7 +22,7 @@ import pytest
 
 from space.config import load_settings
 from space.db import Database, app_url
-from space.exports.storage import READ_PART_BYTES
+from space.exports.storage.postgres import READ_PART_BYTES
 from tests.exports.fixtures import WAIT, wait_for
 from tests.exports.test_download_streaming import (
     CHUNK,

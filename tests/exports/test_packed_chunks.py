@@ -18,7 +18,8 @@ import pytest
 from space.config import Settings
 from space.db import Database
 from space.exports.pipeline import run_export
-from space.exports.storage import PgResultStore, ResultKey, ResultMissing, pack
+from space.exports.storage.postgres import PgResultStore, pack
+from space.exports.storage.protocol import ResultKey, ResultMissing
 from tests.exports.fixtures import add_tickets, create_export, download, job_row, runner, tuned, uid
 from tests.helpers import Api, Org
 

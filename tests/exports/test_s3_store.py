@@ -31,8 +31,8 @@ from space.db import Database
 from space.exports.lease import Lease
 from space.exports.maintenance import cleanup
 from space.exports.pipeline import run_export
-from space.exports.s3 import PART_BYTES, PRESIGN_SECONDS, S3Location, S3ResultStore
-from space.exports.storage import ResultKey
+from space.exports.storage.protocol import ResultKey
+from space.exports.storage.s3 import PART_BYTES, PRESIGN_SECONDS, S3Location, S3ResultStore
 from space.failures import OperatorError
 from space.orgs.jobs import purge_org
 from tests.exports.fixtures import create_export, runner, tuned, uid, wait_for

@@ -15,7 +15,8 @@ from sqlalchemy import event, text
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.exports.pipeline import run_export
-from space.exports.storage import PgResultStore, ResultKey
+from space.exports.storage.postgres import PgResultStore
+from space.exports.storage.protocol import ResultKey
 from tests.exports.fixtures import (
     Gate,
     add_project,

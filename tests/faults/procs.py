@@ -26,7 +26,7 @@ from psycopg.rows import dict_row
 
 from space.db import Database
 from space.exports.maintenance import cleanup
-from space.exports.storage import PgResultStore
+from space.exports.storage.postgres import PgResultStore
 from tests.exports.fixtures import add_tickets, download, parse_csv, wait_for
 from tests.helpers import Api, Org, free_port, space_env
 

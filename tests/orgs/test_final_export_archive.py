@@ -9,7 +9,7 @@ from sqlalchemy import text
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.exports.maintenance import cleanup
-from space.exports.storage import PgResultStore
+from space.exports.storage.postgres import PgResultStore
 from tests.exports.fixtures import completed_export, download, job_row, uid
 from tests.helpers import Api, Org, assert_problem
 

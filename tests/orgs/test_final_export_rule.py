@@ -13,7 +13,7 @@ from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.exports.maintenance import cleanup
 from space.exports.pipeline import run_export
-from space.exports.storage import PgResultStore
+from space.exports.storage.postgres import PgResultStore
 from tests.exports.fixtures import create_export, download, job_row, runner, uid
 from tests.helpers import Api, Org, assert_problem
 

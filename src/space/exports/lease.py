@@ -29,7 +29,7 @@ from space.exports import ledger
 from space.exports.failures import Deferred, LeaseLost
 from space.exports.ledger import Fence
 from space.exports.models import ExportScope
-from space.exports.storage import ResultKey
+from space.exports.storage.protocol import ResultKey
 from space.observability import metrics
 from space.webhooks import service as webhooks
 

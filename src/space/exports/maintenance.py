@@ -15,7 +15,7 @@ from space.exports import ledger
 from space.exports.lease import fail_exhausted
 from space.exports.models import ExportState
 from space.exports.queue import enqueue_export
-from space.exports.storage import ResultKey, ResultStore
+from space.exports.storage.protocol import ResultKey, ResultStore
 from space.observability import metrics
 from space.orgs import service as orgs
 

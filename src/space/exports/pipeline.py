@@ -32,7 +32,8 @@ from space.exports.failures import Deferred, ExportFailure, LeaseLost
 from space.exports.formats import Batch, Format, Snapshot, TicketsCsv
 from space.exports.lease import HAND_BACK_SECONDS, Built, Lease
 from space.exports.models import ExportKind, ExportScope, ExportState
-from space.exports.storage import ChunkWriter, ResultStore
+from space.exports.storage.chunks import ChunkWriter
+from space.exports.storage.protocol import ResultStore
 from space.observability import logs, metrics
 from space.orgs import service as orgs
 from space.orgs.models import OrgState, Role

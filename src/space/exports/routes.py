@@ -26,7 +26,7 @@ from space.exports.archive import manifest_schema, snapshot_schema
 from space.exports.downloads import DownloadSlots, no_referrer_for_links, respond
 from space.exports.links import LinkGrant, LinkSigner
 from space.exports.schemas import Export, ExportCreate, Link, OrgExport
-from space.exports.storage import ResultStore
+from space.exports.storage.protocol import ResultStore
 from space.orgs.deps import MEMBER, MemberContext, parse_id
 from space.schemas import Items
 

@@ -47,7 +47,7 @@ from space.exports.schemas import (
     SnapshotRequest,
     TicketsCsvRequest,
 )
-from space.exports.storage import Redirecting, ResultKey, ResultMissing, ResultStore
+from space.exports.storage.protocol import Redirecting, ResultKey, ResultMissing, ResultStore
 from space.orgs import service as orgs
 from space.orgs.models import Membership, Organization, OrgState, Role
 

@@ -20,7 +20,8 @@ from sqlalchemy import CursorResult, func, select, text
 
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
-from space.exports.storage import ResultStore, open_result_store
+from space.exports.storage.factory import open_result_store
+from space.exports.storage.protocol import ResultStore
 from space.orgs.lifecycle import Action, change_state, is_due
 from space.orgs.service import lock_org
 

@@ -29,7 +29,7 @@ from sqlalchemy import func, select
 
 from space.db import Database, Tenant, UnitOfWork
 from space.exports.models import ExportJob, ExportState
-from space.exports.storage import READ_PIECE_BYTES, ChunkSink, ResultKey, ResultMissing
+from space.exports.storage.protocol import READ_PIECE_BYTES, ChunkSink, ResultKey, ResultMissing
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client

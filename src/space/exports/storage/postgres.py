@@ -1,13 +1,5 @@
-"""Where result bytes live. The ledger row says which execution is published; the store only keeps chunks.
-
-`ChunkWriter` cuts a run's byte stream into the store's chunks (hashing, counting and bounding it as it goes).
-
-`ResultStore` is the small interface both backends implement: `PgResultStore` keeps the chunks in
-`export_chunks`, so "completed" and "the bytes exist" sit in one database; `space.exports.s3.S3ResultStore` keeps
-one object per execution in an S3-compatible bucket (SPEC §15). `open_result_store` picks one from the settings,
-for the API, the worker and the CLI alike. Every operation is
-its own short transaction under the org's RLS context: the download never holds a transaction open while
-a slow client reads, and a worker's chunk writes never wait on its long read transaction.
+"""`PgResultStore`: the chunks of an execution as rows of `export_chunks`, so "completed" and "the bytes exist" sit
+in one database. Every operation is its own short transaction under the org's RLS context.
 
 Memory: libpq keeps a connection's buffers at the size of the largest message it ever carried, and pooled
 connections live on. So a chunk never travels as one message on a pooled connection: the worker writes an
@@ -26,26 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import uuid
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import lz4.frame
 from sqlalchemy import Insert, delete, insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from space.config import Settings
-from space.db import Database, Tenant, UnitOfWork, driver_connection, set_tenant, tenant_statement
+from space.db import Tenant, UnitOfWork, driver_connection, set_tenant, tenant_statement
 from space.exports import ledger
-from space.exports.failures import ExportFailure
 from space.exports.models import ExportChunk
+from space.exports.storage.protocol import READ_PIECE_BYTES, ChunkSink, ResultKey, ResultMissing
 
 READ_PART_BYTES = 1024 * 1024
 """A download reads at most this many bytes of a chunk per query: one part, all it holds at a time."""
-READ_PIECE_BYTES = 128 * 1024
-"""A part comes back cut into rows of this size, each handed to the server as it is (see `PgResultStore.read`)."""
 CHUNK_SIZES_KEPT = 4096
 """How many executions' chunk sizes a store remembers (what a range needs to find its first chunk)."""
 
@@ -73,81 +61,6 @@ def pack(chunk: bytes | memoryview) -> Packed:
     if len(frame) > PACKED_AT_MOST * len(chunk):
         return Packed(chunk)
     return Packed(frame, "lz4", len(chunk))
-
-
-@dataclass(frozen=True)
-class ResultKey:
-    """One execution's bytes: chunks of different executions of the same export never mix."""
-
-    org_id: uuid.UUID
-    export_id: uuid.UUID
-    execution_id: uuid.UUID
-
-
-class ResultMissing(Exception):
-    """A chunk that the ledger promised is gone (deleted between authorization and streaming)."""
-
-
-class ChunkSink(Protocol):
-    """Writes the chunks of one execution, in order."""
-
-    async def write(self, seq: int, data: bytes | memoryview) -> None:
-        """Store chunk `seq` (0, 1, 2, ...)."""
-        ...
-
-    async def abort(self) -> None:
-        """The run failed: what was written must never become a result (the block's end then keeps nothing)."""
-        ...
-
-
-@runtime_checkable
-class ResultStore(Protocol):
-    """Chunked result storage, addressed by execution."""
-
-    async def write(self, key: ResultKey, seq: int, data: bytes | memoryview) -> None:
-        """Store chunk `seq` (0, 1, 2, ...) of an execution."""
-        ...
-
-    def sink(self, key: ResultKey) -> contextlib.AbstractAsyncContextManager[ChunkSink]:
-        """A writer for many chunks of one execution (what the worker uses)."""
-        ...
-
-    def chunk_bytes(self, configured: int) -> int:
-        """The size of the chunks the worker cuts for this store, given `SPACE_EXPORT_CHUNK_BYTES`."""
-        ...
-
-    async def delete(self, key: ResultKey) -> int:
-        """Delete every chunk of an execution; returns how many were removed."""
-        ...
-
-    def read(self, key: ResultKey, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
-        """Yield bytes `start` to `end` (exclusive; None: the last stored byte) of an execution, in order, a
-        bounded part at a time, each read only when the consumer asks for more. A missing chunk before `end`
-        raises ResultMissing."""
-        ...
-
-    async def delete_org(self, org_id: uuid.UUID) -> int:
-        """The purge: delete every stored result of the org; returns how many were removed."""
-        ...
-
-    async def sweep(self, limit: int = 500) -> dict[str, int]:
-        """The cleanup: delete stored bytes that no running or kept completed execution owns; counts by kind."""
-        ...
-
-    async def aclose(self) -> None:
-        """Release the store's connections (end of the process)."""
-        ...
-
-
-@runtime_checkable
-class Redirecting(Protocol):
-    """A store whose results a client fetches itself, from a short-lived URL (SPEC §15's 303)."""
-
-    redirect: bool
-
-    async def presign(self, key: ResultKey, *, filename: str, media_type: str) -> str:
-        """A URL that GETs the execution's bytes for a short while, with these response headers."""
-        ...
 
 
 # Asynchronous commit: a chunk only matters once its export is published, and the publish commits
@@ -424,109 +337,3 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
     # Nobody awaits a shielded task whose caller was cancelled: take its exception so none is reported as lost.
     if not task.cancelled():
         task.exception()
-
-
-@dataclass
-class ChunkWriter:
-    """Cuts the byte stream into fixed-size chunks, hashing and counting as it goes; enforces the byte limit.
-
-    Two buffers of one chunk each, allocated once: one is hashed and stored in the background (through the
-    store's sink, one connection for the execution) while the other fills, so the read never waits for an
-    insert and memory stays at two chunks, whatever the size of the result. `close` stores the rest and waits;
-    `discard` waits for the write in flight without storing more.
-    """
-
-    store: ResultStore
-    key: ResultKey
-    chunk_bytes: int
-    byte_limit: int
-    total: int = 0
-    seq: int = 0
-    digest: Any = field(default_factory=hashlib.sha256)
-    filled: int = 0
-    buffer: bytearray = field(default_factory=bytearray)
-    spare: bytearray = field(default_factory=bytearray)
-    pending: asyncio.Task[None] | None = None
-    sink: ChunkSink | None = None
-    exits: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
-
-    @property
-    def sha256(self) -> str:
-        """The hex digest of every byte written so far."""
-        return str(self.digest.hexdigest())
-
-    async def write(self, data: bytes | bytearray | memoryview) -> None:
-        """Append bytes; store every full chunk."""
-        size = len(data)
-        if self.total + size > self.byte_limit:
-            raise ExportFailure("too_large", f"The result exceeds {self.byte_limit} bytes.")
-        self.total += size
-        view = memoryview(data).cast("B")
-        while view:
-            if not self.buffer:
-                self.buffer = bytearray(self.chunk_bytes)
-            n = min(len(view), self.chunk_bytes - self.filled)
-            self.buffer[self.filled : self.filled + n] = view[:n]
-            self.filled += n
-            view = view[n:]
-            if self.filled == self.chunk_bytes:
-                await self._put()
-
-    async def close(self) -> None:
-        """Store the last partial chunk and wait until every chunk is stored."""
-        if self.filled or self.seq == 0:
-            await self._put()
-        await self._settle()
-        await self.exits.aclose()
-        self.buffer = self.spare = bytearray()
-
-    async def discard(self) -> None:
-        """After a failure: wait for the chunk in flight (its error is moot), so no write lands afterwards, and
-        abort the sink (an object store's upload must not be completed by the block's end)."""
-        if self.pending is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.pending)
-            self.pending = None
-        if self.sink is not None:
-            with contextlib.suppress(Exception):
-                await self.sink.abort()
-        with contextlib.suppress(Exception):
-            await self.exits.aclose()
-        self.buffer = self.spare = bytearray()
-
-    async def _settle(self) -> None:
-        if self.pending is not None:
-            task, self.pending = self.pending, None
-            await task
-
-    async def _store(self, sink: ChunkSink, seq: int, data: memoryview) -> None:
-        # Chunks are hashed in order (one in flight at a time), in a thread: hashlib lets go of the GIL, so the
-        # event loop (the read, and in `space up` the API) runs meanwhile.
-        await asyncio.gather(asyncio.to_thread(self.digest.update, data), sink.write(seq, data))
-
-    async def _put(self) -> None:
-        # The spare buffer is free once the write in flight (which reads it) has finished.
-        await self._settle()
-        if self.sink is None:
-            self.sink = await self.exits.enter_async_context(self.store.sink(self.key))
-        data = memoryview(self.buffer)[: self.filled]
-        self.pending = asyncio.create_task(self._store(self.sink, self.seq, data), name="export-chunk")
-        self.seq += 1
-        self.buffer, self.spare, self.filled = self.spare, self.buffer, 0
-
-
-@contextlib.asynccontextmanager
-async def open_result_store(settings: Settings, db: Database) -> AsyncIterator[ResultStore]:
-    """The store `SPACE_RESULT_STORE` names, on the app role's database, closed at the end of the block."""
-    store: ResultStore
-    if settings.result_store.startswith("s3://"):
-        # Imported here: the embedded default needs no S3 client loaded.
-        from space.exports.s3 import S3Location, S3ResultStore
-
-        store = S3ResultStore(db, S3Location.parse(settings.result_store), redirect=settings.result_redirect)
-    else:
-        store = PgResultStore(db.sessionmaker)
-    try:
-        yield store
-    finally:
-        await store.aclose()
