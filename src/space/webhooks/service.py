@@ -154,11 +154,3 @@ async def emit(uow: UnitOfWork, queue: Queue | None, event_type: EventType, data
 
         uow.after_commit(enqueue)
     return len(deliveries)
-
-
-async def export_worker_lost(
-    uow: UnitOfWork, queue: Queue | None, org_id: uuid.UUID, export_id: uuid.UUID, kind: str
-) -> None:
-    """`export.failed` of an export that ran out of attempts (`worker_lost`), in the transaction that failed it."""
-    data = EventData(org_id=org_id, export_id=export_id, kind=kind, state="failed", error_code="worker_lost")
-    await emit(uow, queue, EventType.export_failed, data)
