@@ -75,7 +75,7 @@ def cancelled(
     )
 
 
-Channel = Callable[[UnitOfWork, "Queue | None", Outcome], Awaitable[None]]
+Channel = Callable[[UnitOfWork, Queue | None, Outcome], Awaitable[None]]
 """What an outbound channel is: told every outcome in the ending transaction, it owes what it sends."""
 
 
