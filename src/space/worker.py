@@ -29,7 +29,7 @@ from space.observability.metrics import WorkerMetricsServer
 from space.orgs.jobs import purge_due_job
 from space.queue import ForeignJob, guarded, make_queue, queue_identity
 from space.webhooks.jobs import deliver_webhook_job, sweep_webhooks_job
-from space.webhooks.queue import DELIVER_WEBHOOK
+from space.webhooks.outbox import DELIVER_WEBHOOK
 
 log = logging.getLogger("space.worker")
 

@@ -335,4 +335,4 @@ async def blocked_by(owner_url: str, waiter_app: str, holder_app: str) -> bool:
 async def fail_lease(lease: Lease, code: str) -> None:
     """The lease's fenced failure write in a transaction of its own (LeaseLost when its fence is gone)."""
     async with UnitOfWork(lease.db.sessionmaker, Tenant(org_id=lease.org_id)) as uow:
-        await lease.fail_in(uow.session, code)
+        await lease.fail_in(uow, code)

@@ -9,7 +9,7 @@ import pytest
 
 from space.errors import InvalidRequest
 from space.webhooks import guard
-from space.webhooks.delivery import backoff
+from space.webhooks.outbox import backoff
 from space.webhooks.signing import new_secret, signature
 
 

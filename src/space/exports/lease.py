@@ -20,18 +20,15 @@ from typing import Any
 from saq import Job, Queue
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from space.audit import service as audit
-from space.audit.models import AuditAction
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.db.locks import lock_org_claims
-from space.exports import ledger
+from space.exports import ledger, outcomes
 from space.exports.failures import Deferred, LeaseLost
 from space.exports.ledger import Fence
 from space.exports.models import ExportScope
 from space.exports.storage.protocol import ResultKey
 from space.observability import metrics
-from space.webhooks import service as webhooks
 
 log = logging.getLogger("space.exports")
 
@@ -64,6 +61,8 @@ class Lease:
     creator_id: uuid.UUID
     filters: dict[str, Any]
     delimiter: str
+    queue: Queue | None = field(default=None, repr=False)
+    """Where the jobs its outcome owes are enqueued after the commit (None: their sweepers send them)."""
     _heartbeat: Heartbeat | None = field(default=None, repr=False)
 
     @classmethod
@@ -117,6 +116,7 @@ class Lease:
             creator_id=row.creator_id,
             filters=dict(row.filters or {}),
             delimiter=row.delimiter,
+            queue=queue,
         )
 
     @property
@@ -154,20 +154,21 @@ class Lease:
         """Write progress now; it renews the lease as well."""
         await self._write(progress=progress, **ledger.renewed(self.settings.export_lease_seconds))
 
-    async def fail_in(self, session: AsyncSession, code: str) -> None:
-        """Mark the export failed with `code` inside the caller's transaction (the pipeline's, which owes the
-        `export.failed` webhooks in it too); audited with it. A stale execution's failure changes nothing."""
-        await self.write_in(session, **ledger.failed(code))
-        await record_failure(session, self.export_id, self.org_id, code)
+    async def fail_in(self, uow: UnitOfWork, code: str) -> None:
+        """Mark the export failed with `code` inside the caller's transaction, its outcome recorded in it
+        (`outcomes.ended`). A stale execution's failure changes nothing."""
+        await self.write_in(uow.session, **ledger.failed(code))
+        await outcomes.ended(uow, self.queue, outcomes.failed(self.export_id, self.org_id, self.kind, code))
 
     async def hand_back(self) -> None:
         """Give the export back (queued, no lease) so a retry can claim it at once instead of after expiry."""
         await self._write(**ledger.handed_back())
 
-    async def complete_in(self, session: AsyncSession, built: Built) -> None:
-        """The fenced publish UPDATE, inside the caller's transaction (which holds the org lock)."""
+    async def complete_in(self, uow: UnitOfWork, built: Built) -> None:
+        """The fenced publish UPDATE, inside the caller's transaction (which holds the org lock), its outcome
+        recorded in it (`outcomes.ended`)."""
         await self.write_in(
-            session,
+            uow.session,
             **ledger.completed(
                 ttl_seconds=self.settings.export_ttl_seconds,
                 snapshot_at=built.snapshot_at,
@@ -176,15 +177,10 @@ class Lease:
                 sha256=built.sha256,
             ),
         )
-        details = {"rows": built.row_count, "bytes": built.byte_size}
-        await audit.record(
-            session,
-            self.org_id,
-            AuditAction.export_completed,
-            audit.Target.export(self.export_id),
-            actor_id=None,
-            details=details,
+        outcome = outcomes.completed(
+            self.export_id, self.org_id, self.kind, row_count=built.row_count, byte_size=built.byte_size
         )
+        await outcomes.ended(uow, self.queue, outcome)
 
     # --- the heartbeat ------------------------------------------------------------------------------------------
 
@@ -218,26 +214,13 @@ class Lease:
 async def fail_exhausted(
     uow: UnitOfWork, queue: Queue | None, export_id: uuid.UUID, org_id: uuid.UUID, *, max_attempts: int
 ) -> str | None:
-    """Fail `worker_lost` a claimable export that has used all its attempts, audited and with its `export.failed`
-    webhooks owed in the same transaction (enqueued on `queue` after it); its kind if one was, else None."""
+    """Fail `worker_lost` a claimable export that has used all its attempts, its outcome recorded in the same
+    transaction (`outcomes.ended`; jobs enqueued on `queue` after it); its kind if one was, else None."""
     kind = await ledger.fail_exhausted(uow.session, export_id, org_id, max_attempts=max_attempts)
     if kind is None:
         return None
-    await record_failure(uow.session, export_id, org_id, "worker_lost")
-    await webhooks.export_worker_lost(uow, queue, org_id, export_id, kind)
+    await outcomes.ended(uow, queue, outcomes.failed(export_id, org_id, kind, "worker_lost"))
     return kind
-
-
-async def record_failure(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID, code: str) -> None:
-    """`export.failed` by the system, in the transaction that failed the export."""
-    await audit.record(
-        session,
-        org_id,
-        AuditAction.export_failed,
-        audit.Target.export(export_id),
-        actor_id=None,
-        details={"errorCode": code},
-    )
 
 
 class Heartbeat:

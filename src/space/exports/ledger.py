@@ -192,13 +192,13 @@ async def in_org(
 
 async def cancel_active_of(
     session: AsyncSession, org_id: uuid.UUID, creator_id: uuid.UUID, scopes: tuple[str, ...], code: str
-) -> list[uuid.UUID]:
-    """Cancel the creator's queued and running exports of `scopes` with `code`; the ids cancelled.
+) -> list[tuple[uuid.UUID, str]]:
+    """Cancel the creator's queued and running exports of `scopes` with `code`; the ids and kinds cancelled, by id.
 
     A running worker's next fenced write then matches no row, so it stops and publishes nothing.
     """
     now = func.statement_timestamp()
-    ids = await session.scalars(
+    rows = await session.execute(
         update(ExportJob)
         .where(
             ExportJob.org_id == org_id,
@@ -208,10 +208,10 @@ async def cancel_active_of(
             ExportJob.deleted_at.is_(None),
         )
         .values(state=ExportState.cancelled.value, error_code=code, lease_expires_at=None, completed_at=now)
-        .returning(ExportJob.id)
+        .returning(ExportJob.id, ExportJob.kind)
         .execution_options(synchronize_session=False)
     )
-    return sorted(ids)
+    return sorted((export_id, kind) for export_id, kind in rows)
 
 
 def cancel(job: ExportJob, now: dt.datetime, code: str) -> None:

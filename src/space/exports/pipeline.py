@@ -37,9 +37,6 @@ from space.exports.storage.protocol import ResultStore
 from space.observability import logs, metrics
 from space.orgs import service as orgs
 from space.orgs.models import OrgState, Role
-from space.webhooks import service as webhooks
-from space.webhooks.models import EventType
-from space.webhooks.schemas import EventData
 
 log = logging.getLogger("space.exports")
 
@@ -57,7 +54,7 @@ async def _open(point: str, lease: Lease) -> None:
 @dataclass
 class ExportRunner:
     """What a run needs: settings, the app-role database, the result store, the SAQ job to touch, and the queue
-    its webhook deliveries are enqueued on after commit (None: the webhook sweeper sends them)."""
+    the jobs its outcome owes (webhook deliveries) are enqueued on after commit (None: their sweepers send them)."""
 
     settings: Settings
     db: Database
@@ -241,12 +238,10 @@ async def publish(runner: ExportRunner, lease: Lease, built: Built, gate: Gate =
             # Under the org lock: publishes of one org are ordered, so none counts without another's bytes.
             await _within_quota(uow.session, lease, built.byte_size, runner.settings.org_result_quota_bytes)
         except ExportFailure as failure:
-            await lease.fail_in(uow.session, failure.code)
+            await lease.fail_in(uow, failure.code)
             outcome = failure.code
         else:
-            await lease.complete_in(uow.session, built)
-        # In the publish's transaction: the event exists exactly when the outcome committed.
-        await _announce(uow, runner, lease, outcome)
+            await lease.complete_in(uow, built)
     if outcome != ExportState.completed.value:
         await runner.store.delete(lease.key)
     return outcome
@@ -263,25 +258,11 @@ async def _within_quota(session: AsyncSession, lease: Lease, size: int, quota: i
 async def _fail(runner: ExportRunner, lease: Lease, code: str) -> str:
     try:
         async with UnitOfWork(runner.db.sessionmaker, Tenant(org_id=lease.org_id)) as uow:
-            await lease.fail_in(uow.session, code)
-            await _announce(uow, runner, lease, code)
+            await lease.fail_in(uow, code)
     except LeaseLost:
         return "lease_lost"
     await runner.store.delete(lease.key)
     return code
-
-
-async def _announce(uow: UnitOfWork, runner: ExportRunner, lease: Lease, outcome: str) -> None:
-    # Webhooks of the outcome, in the transaction that records it (their jobs are enqueued after its commit).
-    completed = outcome == ExportState.completed.value
-    data = EventData(
-        org_id=lease.org_id,
-        export_id=lease.export_id,
-        kind=lease.kind,
-        state=ExportState.completed.value if completed else ExportState.failed.value,
-        error_code=None if completed else outcome,
-    )
-    await webhooks.emit(uow, runner.queue, EventType.export_completed if completed else EventType.export_failed, data)
 
 
 def progress_of(rows: int, total: int) -> int:

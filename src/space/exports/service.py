@@ -32,7 +32,7 @@ from space.errors import (
     OrgDeleting,
     RateLimited,
 )
-from space.exports import ledger
+from space.exports import ledger, outcomes
 from space.exports.links import LinkGrant, LinkSigner
 from space.exports.models import FAILED_STATES, ExportJob, ExportKind, ExportScope, ExportState
 from space.exports.queue import enqueue_quietly
@@ -60,6 +60,7 @@ RATE_LIMIT_RETRY_AFTER = 30
 """Seconds to wait when the rate limit is held by exports still running (their end can't be predicted)."""
 LIST_LIMIT = 200
 """The newest exports a list shows."""
+CANCELLED = "cancelled"
 CANCELLED_BY_ADMIN = "cancelled_by_admin"
 ACCESS_REVOKED = "access_revoked"
 
@@ -272,25 +273,23 @@ async def delete_export(
     member = _member(membership)
     session = uow.session
     row = await ledger.owned(session, org_id, member.user_id, export_id, for_update=True)
-    details: dict[str, Any]
     if row is not None:
         job, now = row
         if job.state in ledger.ACTIVE:
-            ledger.cancel(job, now, "cancelled")
-            action, details = AuditAction.export_cancelled, {"errorCode": "cancelled"}
+            ledger.cancel(job, now, CANCELLED)
+            outcome = outcomes.cancelled(job.id, org_id, job.kind, CANCELLED, actor_id=member.user_id, ip=ip)
+            # No queue: no channel sends anything for a cancellation yet (one that does is swept, or passes one).
+            await outcomes.ended(uow, None, outcome)
         else:
             ledger.hide(job, now)
-            action, details = AuditAction.export_deleted, {"revoked": False}
+            await _audit_deleted(session, job, member.user_id, ip, {"revoked": False})
     else:
         if Role(member.role) not in orgs.MANAGERS:
             raise NotFound()
-        found = await _as_manager(session, org_id, member.user_id, export_id)
+        found = await _as_manager(uow, org_id, member.user_id, export_id, ip)
         if found is None:
             return
-        job, action, details = found
-    await audit.record(
-        session, org_id, action, audit.Target.export(job.id), actor_id=member.user_id, ip=ip, details=details
-    )
+        job = found
     await session.flush()
     if job.execution_id is not None:
         key = ResultKey(job.org_id, job.id, job.execution_id)
@@ -306,9 +305,10 @@ async def delete_export(
 
 
 async def _as_manager(
-    session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, export_id: uuid.UUID
-) -> tuple[ExportJob, AuditAction, dict[str, Any]] | None:
+    uow: UnitOfWork, org_id: uuid.UUID, user_id: uuid.UUID, export_id: uuid.UUID, ip: str | None
+) -> ExportJob | None:
     # Under the org lock, as every decision by role (a demotion meanwhile is seen) and ordered with publishes.
+    session = uow.session
     await orgs.lock_org(session, org_id)
     manager = await orgs.membership_of(session, org_id, user_id)
     if manager is None or Role(manager.role) not in orgs.MANAGERS:
@@ -317,19 +317,38 @@ async def _as_manager(
     if row is None:
         raise NotFound()
     job, now = row
-    details: dict[str, Any] = {"creatorId": str(job.creator_id)}
     if job.state in ledger.ACTIVE:
         ledger.cancel(job, now, CANCELLED_BY_ADMIN)
-        return job, AuditAction.export_cancelled, {**details, "errorCode": CANCELLED_BY_ADMIN}
+        outcome = outcomes.cancelled(
+            job.id, org_id, job.kind, CANCELLED_BY_ADMIN, actor_id=user_id, ip=ip, creator_id=job.creator_id
+        )
+        await outcomes.ended(uow, None, outcome)
+        return job
     if job.state == ExportState.completed and job.error_code != ledger.REVOKED:
         ledger.revoke(job, now)
-        return job, AuditAction.export_deleted, {**details, "revoked": True}
+        await _audit_deleted(session, job, user_id, ip, {"creatorId": str(job.creator_id), "revoked": True})
+        return job
     # Failed, cancelled or already revoked: nothing of its data is left to take away.
     return None
 
 
+async def _audit_deleted(
+    session: AsyncSession, job: ExportJob, actor_id: uuid.UUID, ip: str | None, details: dict[str, Any]
+) -> None:
+    # A finished export's result goes: not an ending of its execution (that ended when it finished).
+    await audit.record(
+        session,
+        job.org_id,
+        AuditAction.export_deleted,
+        audit.Target.export(job.id),
+        actor_id=actor_id,
+        ip=ip,
+        details=details,
+    )
+
+
 async def cancel_for_role(
-    session: AsyncSession,
+    uow: UnitOfWork,
     org_id: uuid.UUID,
     user_id: uuid.UUID,
     role: Role | None,
@@ -338,25 +357,21 @@ async def cancel_for_role(
     ip: str | None = None,
 ) -> list[uuid.UUID]:
     """Cancel (`access_revoked`) the member's queued and running exports that `role` can't hold (None: removed),
-    in the caller's transaction, which holds the org lock; the ids cancelled. Their workers lose their fence."""
+    in the caller's transaction, which holds the org lock, each outcome recorded in it (`outcomes.ended`); the ids
+    cancelled. Their workers lose their fence."""
     if role is None:
         scopes: tuple[str, ...] = (ExportScope.own.value, ExportScope.team.value)
     elif not role.is_staff:
         scopes = (ExportScope.team.value,)
     else:
         return []
-    cancelled = await ledger.cancel_active_of(session, org_id, user_id, scopes, ACCESS_REVOKED)
-    for export_id in cancelled:
-        await audit.record(
-            session,
-            org_id,
-            AuditAction.export_cancelled,
-            audit.Target.export(export_id),
-            actor_id=actor_id,
-            ip=ip,
-            details={"creatorId": str(user_id), "errorCode": ACCESS_REVOKED},
+    cancelled = await ledger.cancel_active_of(uow.session, org_id, user_id, scopes, ACCESS_REVOKED)
+    for export_id, kind in cancelled:
+        outcome = outcomes.cancelled(
+            export_id, org_id, kind, ACCESS_REVOKED, actor_id=actor_id, ip=ip, creator_id=user_id
         )
-    return cancelled
+        await outcomes.ended(uow, None, outcome)
+    return [export_id for export_id, _ in cancelled]
 
 
 async def has_recent_final_export(

@@ -15,6 +15,7 @@ from space.audit import service as audit
 from space.audit.models import AuditAction
 from space.auth.models import User
 from space.auth.service import user_by_email
+from space.db import UnitOfWork
 from space.errors import AlreadyMember, Forbidden, LastOwner, NotFound
 from space.exports import service as exports
 from space.orgs.models import Membership, OrgState, Role
@@ -47,7 +48,7 @@ async def add_member(
 
 
 async def change_role(
-    session: AsyncSession,
+    uow: UnitOfWork,
     org_id: uuid.UUID,
     actor_id: uuid.UUID,
     user_id: uuid.UUID,
@@ -57,6 +58,7 @@ async def change_role(
 ) -> Member:
     """Change a member's role under the org lock (ordered against export publishes), as `actor_id` then; their
     queued and running exports the new role can't hold are cancelled in the same transaction."""
+    session = uow.session
     actor_role = await _lock_as_manager(session, org_id, actor_id)
     m = await _target(session, org_id, actor_role, user_id)
     _ensure_may_grant(actor_role, role)
@@ -75,16 +77,17 @@ async def change_role(
             ip=ip,
             details={"from": before, "to": role.value},
         )
-        await exports.cancel_for_role(session, org_id, user_id, role, actor_id=actor_id, ip=ip)
+        await exports.cancel_for_role(uow, org_id, user_id, role, actor_id=actor_id, ip=ip)
     user = await session.get_one(User, user_id)
     return member_out(m, user)
 
 
 async def remove_member(
-    session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, user_id: uuid.UUID, *, ip: str | None = None
+    uow: UnitOfWork, org_id: uuid.UUID, actor_id: uuid.UUID, user_id: uuid.UUID, *, ip: str | None = None
 ) -> None:
     """Remove a member under the org lock, as `actor_id` then; the last owner stays. Their queued and running
     exports are cancelled in the same transaction."""
+    session = uow.session
     actor_role = await _lock_as_manager(session, org_id, actor_id)
     m = await _target(session, org_id, actor_role, user_id)
     if m.role == Role.owner:
@@ -100,7 +103,7 @@ async def remove_member(
         ip=ip,
         details={"role": m.role},
     )
-    await exports.cancel_for_role(session, org_id, user_id, None, actor_id=actor_id, ip=ip)
+    await exports.cancel_for_role(uow, org_id, user_id, None, actor_id=actor_id, ip=ip)
 
 
 async def _lock_as_manager(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID) -> Role:

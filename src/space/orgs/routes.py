@@ -69,13 +69,13 @@ class MemberController(Controller):
     ) -> Member:
         """Change a member's role."""
         return await members.change_role(
-            ctx.uow.session, ctx.org.id, ctx.principal.user_id, parse_id(user_id), data.role, ip=ctx.ip
+            ctx.uow, ctx.org.id, ctx.principal.user_id, parse_id(user_id), data.role, ip=ctx.ip
         )
 
     @delete("/{user_id:str}", opt={"roles": ADMINS})
     async def remove(self, ctx: NamedDependency[MemberContext], user_id: FromPath[str]) -> None:
         """Remove a member."""
-        await members.remove_member(ctx.uow.session, ctx.org.id, ctx.principal.user_id, parse_id(user_id), ip=ctx.ip)
+        await members.remove_member(ctx.uow, ctx.org.id, ctx.principal.user_id, parse_id(user_id), ip=ctx.ip)
 
 
 class LifecycleController(Controller):

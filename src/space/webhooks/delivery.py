@@ -2,37 +2,30 @@
 
 No transaction is open while the request is in flight. Each attempt is fenced by the delivery's attempt
 count: only the worker that made attempt n records it, and a delivery deleted with its endpoint meanwhile
-records nothing.
+records nothing. The claim, the fenced record, the backoff and the next entry are the outbox's (`space.outbox`);
+what is sent, and the deliveries log, are this module's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 import uuid
 from dataclasses import dataclass
 
 from saq import Queue
-from sqlalchemy import select, text, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import select
 
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.errors import InvalidRequest
 from space.webhooks import guard
-from space.webhooks.models import DeliveryState, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from space.webhooks.queue import enqueue_delivery
+from space.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from space.webhooks.outbox import DELIVERIES
 from space.webhooks.signing import signed_headers
 
-log = logging.getLogger("space.webhooks")
-
-MAX_ATTEMPTS = 5
 TIMEOUT_SECONDS = 5.0
 """Bound on one attempt's whole request (connect, send, response headers)."""
-LEASE_SECONDS = 60
-"""How long a claimed attempt is the claimer's; after it the sweeper may start the attempt again."""
-BACKOFF_FACTOR = 4
 USER_AGENT = "Space-Webhooks/1"
 
 
@@ -59,11 +52,6 @@ class Outcome:
     final: bool = False
 
 
-def backoff(attempt: int, base: float) -> float:
-    """Seconds to wait after failed attempt `attempt` (from 1): base, 4 x base, 16 x base, ..."""
-    return base * float(BACKOFF_FACTOR ** (attempt - 1))
-
-
 async def deliver(
     settings: Settings, db: Database, queue: Queue | None, delivery_id: uuid.UUID, org_id: uuid.UUID
 ) -> str:
@@ -76,61 +64,25 @@ async def deliver(
 
 
 async def claim(db: Database, delivery_id: uuid.UUID, org_id: uuid.UUID) -> Claimed | None:
-    """Take the next attempt with one conditional UPDATE; None when it is done, deleted, or another worker has it."""
+    """Take the next attempt (`DELIVERIES.claim`); None when it is done, deleted, or another worker has it."""
     async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
-        session = uow.session
-        claimable = (WebhookDelivery.state == DeliveryState.pending.value) | (
-            (WebhookDelivery.state == DeliveryState.sending.value)
-            & (WebhookDelivery.lease_expires_at < text("clock_timestamp()"))
+        row = await DELIVERIES.claim(
+            uow.session,
+            delivery_id,
+            org_id,
+            WebhookDelivery.event_id,
+            WebhookDelivery.body,
+            WebhookDelivery.endpoint_id,
         )
-        row = (
-            await session.execute(
-                update(WebhookDelivery)
-                .where(
-                    WebhookDelivery.id == delivery_id,
-                    WebhookDelivery.org_id == org_id,
-                    WebhookDelivery.attempts < MAX_ATTEMPTS,
-                    claimable,
-                )
-                .values(
-                    state=DeliveryState.sending.value,
-                    attempts=WebhookDelivery.attempts + 1,
-                    lease_expires_at=text(f"clock_timestamp() + interval '{LEASE_SECONDS} seconds'"),
-                )
-                .returning(
-                    WebhookDelivery.attempts,
-                    WebhookDelivery.event_id,
-                    WebhookDelivery.body,
-                    WebhookDelivery.endpoint_id,
-                )
-                .execution_options(synchronize_session=False)
-            )
-        ).first()
         if row is None:
-            await _fail_exhausted(session, delivery_id, org_id, claimable)
             return None
         attempts, event_id, body, endpoint_id = row
         endpoint = (
-            await session.execute(
+            await uow.session.execute(
                 select(WebhookEndpoint.url, WebhookEndpoint.secret).where(WebhookEndpoint.id == endpoint_id)
             )
         ).one()
     return Claimed(delivery_id, org_id, attempts, event_id, body.encode(), endpoint.url, endpoint.secret)
-
-
-async def _fail_exhausted(session: AsyncSession, delivery_id: uuid.UUID, org_id: uuid.UUID, claimable: object) -> None:
-    # A worker died during the last attempt: nothing is left to try.
-    await session.execute(
-        update(WebhookDelivery)
-        .where(
-            WebhookDelivery.id == delivery_id,
-            WebhookDelivery.org_id == org_id,
-            WebhookDelivery.attempts >= MAX_ATTEMPTS,
-            claimable,  # type: ignore[arg-type]
-        )
-        .values(state=DeliveryState.failed.value, lease_expires_at=None, finished_at=text("clock_timestamp()"))
-        .execution_options(synchronize_session=False)
-    )
 
 
 async def attempt(claimed: Claimed, *, allow_private: bool) -> Outcome:
@@ -174,48 +126,25 @@ async def attempt(claimed: Claimed, *, allow_private: bool) -> Outcome:
 
 async def record(settings: Settings, db: Database, queue: Queue | None, claimed: Claimed, outcome: Outcome) -> str:
     """Log the attempt and move the delivery on (delivered, failed, or pending until its backoff), fenced by the attempt."""
-    if outcome.ok:
-        state, delay, result = DeliveryState.delivered, 0.0, "delivered"
-    elif outcome.final or claimed.attempt >= MAX_ATTEMPTS:
-        state, delay, result = DeliveryState.failed, 0.0, "failed"
-    else:
-        state, delay, result = (
-            DeliveryState.pending,
-            backoff(claimed.attempt, settings.webhook_retry_seconds),
-            "retrying",
-        )
-    done = state is not DeliveryState.pending
     async with UnitOfWork(db.sessionmaker, Tenant(org_id=claimed.org_id)) as uow:
-        matched = (
-            await uow.session.execute(
-                update(WebhookDelivery)
-                .where(
-                    WebhookDelivery.id == claimed.delivery_id,
-                    WebhookDelivery.org_id == claimed.org_id,
-                    WebhookDelivery.attempts == claimed.attempt,
-                    WebhookDelivery.state == DeliveryState.sending.value,
-                )
-                .values(
-                    state=state.value,
-                    lease_expires_at=None,
-                    next_attempt_at=text("clock_timestamp() + make_interval(secs => :delay)").bindparams(delay=delay),
-                    finished_at=text("clock_timestamp()") if done else None,
-                )
-                .returning(WebhookDelivery.endpoint_id)
-                .execution_options(synchronize_session=False)
-            )
-        ).first()
-        if matched is None:
+        settled = await DELIVERIES.settle(
+            uow.session,
+            claimed.delivery_id,
+            claimed.org_id,
+            claimed.attempt,
+            ok=outcome.ok,
+            final=outcome.final,
+            retry_base=settings.webhook_retry_seconds,
+            columns=(WebhookDelivery.endpoint_id,),
+        )
+        if settled is None:
             # Deleted with its endpoint, or the lease ran out and the attempt was started again elsewhere.
-            log.info(
-                "webhook delivery %s attempt %d no longer ours; not recorded", claimed.delivery_id, claimed.attempt
-            )
             return "not_claimed"
         uow.session.add(
             WebhookAttempt(
                 id=uuid.uuid4(),
                 org_id=claimed.org_id,
-                endpoint_id=matched.endpoint_id,
+                endpoint_id=settled.row.endpoint_id,
                 delivery_id=claimed.delivery_id,
                 attempt=claimed.attempt,
                 status="succeeded" if outcome.ok else "failed",
@@ -223,6 +152,8 @@ async def record(settings: Settings, db: Database, queue: Queue | None, claimed:
                 error=outcome.error,
             )
         )
-    if not done and queue is not None:
-        await enqueue_delivery(queue, claimed.delivery_id, claimed.org_id, attempt=claimed.attempt + 1, delay=delay)
-    return result
+    if settled.retrying and queue is not None:
+        await DELIVERIES.enqueue(
+            queue, claimed.delivery_id, claimed.org_id, attempt=claimed.attempt + 1, delay=settled.delay
+        )
+    return settled.result

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import uuid
 from typing import Any
 
-from sqlalchemy import text
-
-from space.db import UnitOfWork
 from space.webhooks.delivery import deliver
-from space.webhooks.queue import enqueue_delivery
-
-log = logging.getLogger("space.webhooks")
+from space.webhooks.outbox import DELIVERIES
 
 SWEEP_LIMIT = 500
 
@@ -26,14 +20,4 @@ async def deliver_webhook_job(ctx: Any, *, delivery_id: str, org_id: str) -> str
 
 async def sweep_webhooks_job(ctx: Any) -> dict[str, int]:
     """SAQ cron: enqueue deliveries whose entry was lost (overdue) or whose worker died (lease ran out)."""
-    async with UnitOfWork(ctx["db"].sessionmaker) as uow:
-        rows = (
-            await uow.session.execute(
-                text("SELECT * FROM space_webhooks_due_deliveries(:n)"),
-                {"n": SWEEP_LIMIT},
-            )
-        ).all()
-    for delivery_id, org_id, attempts in rows:
-        # The key names the attempt the job will make: a scheduled retry still waiting is not doubled.
-        await enqueue_delivery(ctx["worker"].queue, delivery_id, org_id, attempt=attempts + 1, delay=0.0)
-    return {"enqueued": len(rows)}
+    return {"enqueued": await DELIVERIES.sweep(ctx["db"], ctx["worker"].queue, SWEEP_LIMIT)}

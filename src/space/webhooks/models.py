@@ -11,6 +11,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Mapped, mapped_column
 
 from space.db.base import Base, created_at, uuid_pk
+from space.outbox import Owed
 
 
 class EventType(enum.StrEnum):
@@ -19,15 +20,6 @@ class EventType(enum.StrEnum):
     export_completed = "export.completed"
     export_failed = "export.failed"
     org_deletion_requested = "org.deletion_requested"
-
-
-class DeliveryState(enum.StrEnum):
-    """`pending` until an attempt is made, `sending` while one is in flight, then delivered or failed."""
-
-    pending = "pending"
-    sending = "sending"
-    delivered = "delivered"
-    failed = "failed"
 
 
 class WebhookEndpoint(Base):
@@ -43,8 +35,9 @@ class WebhookEndpoint(Base):
     created_at: Mapped[dt.datetime] = created_at()
 
 
-class WebhookDelivery(Base):
-    """One event owed to one endpoint; `body` is the exact payload signed and sent at every attempt."""
+class WebhookDelivery(Owed, Base):
+    """One event owed to one endpoint, a row of the deliveries' outbox (`Owed`: state, attempts, next attempt,
+    lease); `body` is the exact payload signed and sent at every attempt."""
 
     __tablename__ = "webhook_deliveries"
     id: Mapped[uuid.UUID] = uuid_pk()
@@ -53,12 +46,7 @@ class WebhookDelivery(Base):
     event_id: Mapped[uuid.UUID]
     event_type: Mapped[str]
     body: Mapped[str]
-    state: Mapped[str] = mapped_column(default=DeliveryState.pending.value)
-    attempts: Mapped[int] = mapped_column(default=0)
-    next_attempt_at: Mapped[dt.datetime] = created_at()
-    lease_expires_at: Mapped[dt.datetime | None]
     created_at: Mapped[dt.datetime] = created_at()
-    finished_at: Mapped[dt.datetime | None]
 
 
 class WebhookAttempt(Base):

@@ -20,7 +20,7 @@ from space.errors import NotFound
 from space.orgs import service as orgs
 from space.webhooks import guard
 from space.webhooks.models import EventType, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from space.webhooks.queue import enqueue_delivery
+from space.webhooks.outbox import DELIVERIES
 from space.webhooks.schemas import DeliveryAttempt, Event, EventData, Webhook, WebhookCreate, WebhookCreated
 from space.webhooks.signing import new_secret
 
@@ -143,22 +143,5 @@ async def emit(uow: UnitOfWork, queue: Queue | None, event_type: EventType, data
         )
         for endpoint_id in endpoints
     ]
-    session.add_all(deliveries)
-    await session.flush()
-    if queue is not None:
-        ids = [d.id for d in deliveries]
-
-        async def enqueue() -> None:
-            for delivery_id in ids:
-                await enqueue_delivery(queue, delivery_id, data.org_id, attempt=1, delay=0.0)
-
-        uow.after_commit(enqueue)
+    await DELIVERIES.owe(uow, queue, deliveries)
     return len(deliveries)
-
-
-async def export_worker_lost(
-    uow: UnitOfWork, queue: Queue | None, org_id: uuid.UUID, export_id: uuid.UUID, kind: str
-) -> None:
-    """`export.failed` of an export that ran out of attempts (`worker_lost`), in the transaction that failed it."""
-    data = EventData(org_id=org_id, export_id=export_id, kind=kind, state="failed", error_code="worker_lost")
-    await emit(uow, queue, EventType.export_failed, data)

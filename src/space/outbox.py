@@ -1,0 +1,234 @@
+"""The outbox every outbound channel shares: what is owed is a row, written in the transaction that owes it; each
+attempt is a queue entry enqueued after a commit; a claim fenced by the attempt count makes one worker the sender
+of one attempt; a failed attempt waits its backoff; a sweeper finds rows whose entry was lost or whose worker died.
+
+Webhook deliveries are its first user (`webhooks.outbox.DELIVERIES`). A second or third channel (email, SPEC §19;
+a customer's bucket, §22) is a table with the `Owed` columns, a SECURITY DEFINER function listing its due rows
+across orgs (`(limit integer) -> (id, org_id, attempts)`, like `space_webhooks_due_deliveries`), an `Outbox` that
+names them with its retry policy, and its own attempt: what it sends, and what it logs (`claim` -> send ->
+`settle`). No transaction is open while an attempt is in flight: `claim` and `settle` are each the caller's
+transaction, around the send.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import logging
+import math
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from saq import Job, Queue
+from sqlalchemy import Row, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Mapped, mapped_column
+
+from space.db import Database, UnitOfWork
+from space.db.base import created_at
+
+AnyRow = Row[*tuple[Any, ...]]
+"""A row of the columns a channel asked for."""
+
+
+class State(enum.StrEnum):
+    """`pending` until an attempt is made, `sending` while one is in flight, then delivered or failed."""
+
+    pending = "pending"
+    sending = "sending"
+    delivered = "delivered"
+    failed = "failed"
+
+
+class Owed:
+    """The columns of an outbox row (a mixin of the channel's model): where its attempts stand."""
+
+    if TYPE_CHECKING:
+        # The model's own (every table has them): declared here for the outbox's statements only.
+        id: Mapped[uuid.UUID]
+        org_id: Mapped[uuid.UUID]
+
+    state: Mapped[str] = mapped_column(default=State.pending.value)
+    attempts: Mapped[int] = mapped_column(default=0)
+    next_attempt_at: Mapped[dt.datetime] = created_at()
+    lease_expires_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime | None]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """How an attempt moved its row on: delivered, failed, or retrying after `delay` seconds; `row` holds the
+    columns `settle` was asked to return."""
+
+    result: str
+    delay: float
+    row: AnyRow
+
+    @property
+    def retrying(self) -> bool:
+        """Whether another attempt is owed (after `delay`)."""
+        return self.result == "retrying"
+
+
+@dataclass(frozen=True)
+class Outbox:
+    """One channel's outbox: its table, its queue entries, and its retry policy."""
+
+    table: type[Owed]
+    job_function: str
+    """The SAQ function that makes one attempt; its keywords are `id_kwarg` and `org_id`."""
+    id_kwarg: str
+    key_prefix: str
+    """Queue keys are `<key_prefix>:<row id>:<attempt>`."""
+    due_function: str
+    """The SQL function the sweeper reads the due rows of every org from."""
+    max_attempts: int
+    lease_seconds: int
+    """How long a claimed attempt is the claimer's; after it the sweeper may start the attempt again."""
+    backoff_factor: int
+    job_timeout_seconds: int
+    """SAQ's bound on one attempt's job."""
+    log: logging.Logger
+    noun: str
+    """What a row is called in log lines ("webhook delivery")."""
+
+    def __post_init__(self) -> None:
+        # Spliced into the sweeper's SQL: a name, never text from outside.
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", self.due_function):
+            raise ValueError(f"not a function name: {self.due_function!r}")
+
+    def backoff(self, attempt: int, base: float) -> float:
+        """Seconds to wait after failed attempt `attempt` (from 1): base, factor x base, factor² x base, ..."""
+        return base * float(self.backoff_factor ** (attempt - 1))
+
+    # --- queue entries ----------------------------------------------------------------------------------------
+
+    def job(self, row_id: uuid.UUID, org_id: uuid.UUID, *, attempt: int, delay: float) -> Job:
+        """The job of one attempt, keyed by row and attempt so a scheduled retry never collides with its predecessor."""
+        return Job(
+            function=self.job_function,
+            kwargs={self.id_kwarg: str(row_id), "org_id": str(org_id)},
+            key=f"{self.key_prefix}:{row_id}:{attempt}",
+            # SAQ schedules in whole seconds; rounding up never runs an attempt before its backoff. Never 0 ("at
+            # once"): SAQ replaces a finished entry of the same key only by a later `scheduled`, and the sweeper may
+            # need to enqueue a key whose earlier entry ended without claiming anything.
+            scheduled=math.ceil(time.time() + delay) if delay > 0 else int(time.time()),
+            timeout=self.job_timeout_seconds,
+            # The row's own attempt count is the bound; SAQ only carries it.
+            retries=1,
+        )
+
+    async def enqueue(self, queue: Queue, row_id: uuid.UUID, org_id: uuid.UUID, *, attempt: int, delay: float) -> None:
+        """Enqueue one attempt after a commit; a broker error is logged, not raised (the sweeper sends it later)."""
+        try:
+            await queue.enqueue(self.job(row_id, org_id, attempt=attempt, delay=delay))
+        except Exception:
+            self.log.exception("enqueue of %s %s failed; the sweeper will send it", self.noun, row_id)
+
+    async def owe(self, uow: UnitOfWork, queue: Queue | None, rows: Sequence[Owed]) -> None:
+        """Add `rows` to the caller's transaction; their first attempts are enqueued on `queue` after its commit
+        (with None, or when that enqueue fails, the sweeper sends them)."""
+        uow.session.add_all(rows)
+        await uow.session.flush()
+        if queue is None:
+            return
+        owed = [(row.id, row.org_id) for row in rows]
+
+        async def enqueue() -> None:
+            for row_id, org_id in owed:
+                await self.enqueue(queue, row_id, org_id, attempt=1, delay=0.0)
+
+        uow.after_commit(enqueue)
+
+    # --- one attempt ------------------------------------------------------------------------------------------
+
+    def _claimable(self) -> Any:
+        t = self.table
+        return (t.state == State.pending.value) | (
+            (t.state == State.sending.value) & (t.lease_expires_at < text("clock_timestamp()"))
+        )
+
+    async def claim(self, session: AsyncSession, row_id: uuid.UUID, org_id: uuid.UUID, *columns: Any) -> AnyRow | None:
+        """Take the row's next attempt with one conditional UPDATE: its attempt number, then `columns`; None when it is
+        done, deleted, or another worker has it. A row whose last attempt's worker died is failed instead."""
+        t = self.table
+        claimable = self._claimable()
+        row = (
+            await session.execute(
+                update(t)
+                .where(t.id == row_id, t.org_id == org_id, t.attempts < self.max_attempts, claimable)
+                .values(
+                    state=State.sending.value,
+                    attempts=t.attempts + 1,
+                    lease_expires_at=text(f"clock_timestamp() + interval '{int(self.lease_seconds)} seconds'"),
+                )
+                .returning(t.attempts, *columns)
+                .execution_options(synchronize_session=False)
+            )
+        ).first()
+        if row is None:
+            # A worker died during the last attempt: nothing is left to try.
+            await session.execute(
+                update(t)
+                .where(t.id == row_id, t.org_id == org_id, t.attempts >= self.max_attempts, claimable)
+                .values(state=State.failed.value, lease_expires_at=None, finished_at=text("clock_timestamp()"))
+                .execution_options(synchronize_session=False)
+            )
+        return row
+
+    async def settle(
+        self,
+        session: AsyncSession,
+        row_id: uuid.UUID,
+        org_id: uuid.UUID,
+        attempt: int,
+        *,
+        ok: bool,
+        final: bool,
+        retry_base: float,
+        columns: Sequence[Any] = (),
+    ) -> Settled | None:
+        """Move the row on after attempt `attempt` (delivered; failed when `final` or the last; else pending until its
+        backoff from `retry_base` seconds), fenced by the attempt; None when it is no longer this attempt's."""
+        if ok:
+            state, delay, result = State.delivered, 0.0, "delivered"
+        elif final or attempt >= self.max_attempts:
+            state, delay, result = State.failed, 0.0, "failed"
+        else:
+            state, delay, result = State.pending, self.backoff(attempt, retry_base), "retrying"
+        done = state is not State.pending
+        t = self.table
+        row = (
+            await session.execute(
+                update(t)
+                .where(t.id == row_id, t.org_id == org_id, t.attempts == attempt, t.state == State.sending.value)
+                .values(
+                    state=state.value,
+                    lease_expires_at=None,
+                    next_attempt_at=text("clock_timestamp() + make_interval(secs => :delay)").bindparams(delay=delay),
+                    finished_at=text("clock_timestamp()") if done else None,
+                )
+                .returning(t.id, *columns)
+                .execution_options(synchronize_session=False)
+            )
+        ).first()
+        if row is None:
+            # Deleted meanwhile (a webhook's endpoint), or the lease ran out and the attempt was started again elsewhere.
+            self.log.info("%s %s attempt %d no longer ours; not recorded", self.noun, row_id, attempt)
+            return None
+        return Settled(result, delay, row)
+
+    # --- the sweeper ------------------------------------------------------------------------------------------
+
+    async def sweep(self, db: Database, queue: Queue, limit: int) -> int:
+        """Enqueue rows whose entry was lost (overdue) or whose worker died (lease ran out); how many."""
+        async with UnitOfWork(db.sessionmaker) as uow:
+            rows = (await uow.session.execute(text(f"SELECT * FROM {self.due_function}(:n)"), {"n": limit})).all()
+        for row_id, org_id, attempts in rows:
+            # The key names the attempt the job will make: a scheduled retry still waiting is not doubled.
+            await self.enqueue(queue, row_id, org_id, attempt=attempts + 1, delay=0.0)
+        return len(rows)
