@@ -82,6 +82,10 @@ class OrgLimitReached(Conflict):
     code, title = "org_limit_reached", "Too many organizations"
 
 
+class WebhookLimitReached(Conflict):
+    code, title = "webhook_limit_reached", "Too many webhook endpoints"
+
+
 class ExportQuotaExceeded(Conflict):
     code, title = "export_quota_exceeded", "Stored exports use the organization's quota"
 
