@@ -48,7 +48,7 @@ CREATE POLICY own_mints ON link_mints USING (user_id = {USER}) WITH CHECK (user_
 GRANT SELECT, INSERT, DELETE ON link_mints TO space_app;
 
 CREATE INDEX audit_events_link_ranges_idx ON audit_events (org_id, (details->>'link'), at)
-  WHERE action = 'export.downloaded' AND details ? 'link';
+  WHERE action = 'export.downloaded' AND (details->>'link') IS NOT NULL;
 """
 
 DOWNGRADE = """

@@ -114,6 +114,10 @@ class RateLimited(SpaceError):
     status, code, title = 429, "export_rate_limited", "Too many exports"
 
 
+class LinkRateLimited(SpaceError):
+    status, code, title = 429, "rate_limited", "Too many download links"
+
+
 class QueryTimeout(SpaceError):
     status, code, title = 503, "timeout", "The request took too long"
 
