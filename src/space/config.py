@@ -90,6 +90,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Log lines: human-readable text, or one JSON object per line."""
     worker_metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9100
     """TCP port of `space worker`'s Prometheus endpoint (/metrics); 0 serves none."""
+    webhooks_per_org: PositiveInt = 10
+    """Webhook endpoints one org may register; beyond it, 409 webhook_limit_reached."""
+    link_rate_limit: PositiveInt = 60
+    """Download links one user may mint per minute (over all orgs); beyond it, 429 rate_limited."""
     trusted_proxies: str = ""
     """Comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client (audit `ip`)."""
 
@@ -130,6 +134,8 @@ ENV_VARS: dict[str, str] = {
     "SPACE_TRUSTED_PROXIES": "trusted_proxies",
     "SPACE_WEBHOOK_ALLOW_PRIVATE": "webhook_allow_private",
     "SPACE_WEBHOOK_RETRY_SECONDS": "webhook_retry_seconds",
+    "SPACE_WEBHOOKS_PER_ORG": "webhooks_per_org",
+    "SPACE_LINK_RATE_LIMIT": "link_rate_limit",
     "SPACE_QUEUE_NAME": "queue_name",
     "SPACE_RESULT_STORE": "result_store",
     "SPACE_RESULT_REDIRECT": "result_redirect",

@@ -83,7 +83,7 @@ async def seed_org(
     org_id = uuid.uuid4()
     async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
         s = uow.session
-        s.add(Organization(id=org_id, name=name))
+        s.add(Organization(id=org_id, name=name, created_by=people["owner"]))
         await s.flush()
         members = {key: Membership(id=uuid.uuid4(), org_id=org_id, user_id=people[key], role=role.value)
                    for key, role in ROLES}  # fmt: skip

@@ -82,6 +82,10 @@ class OrgLimitReached(Conflict):
     code, title = "org_limit_reached", "Too many organizations"
 
 
+class WebhookLimitReached(Conflict):
+    code, title = "webhook_limit_reached", "Too many webhook endpoints"
+
+
 class ExportQuotaExceeded(Conflict):
     code, title = "export_quota_exceeded", "Stored exports use the organization's quota"
 
@@ -108,6 +112,10 @@ class ExportRevoked(SpaceError):
 
 class RateLimited(SpaceError):
     status, code, title = 429, "export_rate_limited", "Too many exports"
+
+
+class LinkRateLimited(SpaceError):
+    status, code, title = 429, "rate_limited", "Too many download links"
 
 
 class QueryTimeout(SpaceError):

@@ -4,6 +4,7 @@ append-only for the app role, and `ip` from the connection (X-Forwarded-For only
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ipaddress
 import socket
@@ -138,6 +139,32 @@ async def test_every_action_is_recorded_with_actor_target_and_order(api: Api, db
             break
     assert paged == items
     assert len((await _trail(api, org, owner))["items"]) == min(50, len(items))
+
+
+def _decoded(cursor: str) -> Any:
+    return msgspec.json.decode(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+
+
+async def test_the_cursor_says_nothing_of_other_orgs(api: Api) -> None:
+    org, other = await api.org("Watcher"), await api.org("Busy")
+    first = await _trail(api, org, org.owner, limit=2)
+    # Other orgs act between the two pages (and between the org's own rows).
+    for _ in range(3):
+        x = await api.users.make("x")
+        r = await api.call("POST", other.path("/members"), other.owner, json={"email": x.email, "role": "member"})
+        assert r.status_code == 201
+        r = await api.call("POST", org.path("/members"), org.owner, json={"email": x.email, "role": "member"})
+        assert r.status_code == 201
+    again = await _trail(api, org, org.owner, limit=1, before=first["next"])
+    assert again["items"][0]["id"] != first["items"][-1]["id"]
+    # The cursor holds nothing but the last row of its page, which the page shows anyway: no number that other
+    # orgs' actions move. Paging on after them is unchanged.
+    for page in (first, again, await _trail(api, org, org.owner, limit=2)):
+        assert page["next"] is not None
+        assert _decoded(page["next"]) == [2, page["items"][-1]["id"]]
+    # A cursor of one org's trail is no cursor in another's.
+    r = await api.call("GET", other.path("/audit"), other.owner, params={"before": first["next"]})
+    assert_problem(r, 400, "invalid_request")
 
 
 async def test_revocation_is_recorded_with_what_it_cancelled(api: Api) -> None:

@@ -143,19 +143,15 @@ async def test_orgs_per_user_limit(api: Api, db: Database, settings: Settings) -
     assert limit == 20
     user = await api.users.make("founder")
     mine = await _own_orgs(api, user, limit - 1)
-    # Ownership of an org someone else made counts as well: that makes `limit`.
+    # Being made owner of an org someone else created costs the user nothing (SPEC §25): n-1 created, one more.
     other = await api.org("Someone else's")
     r = await api.call("POST", other.path("/members"), other.owner, json={"email": user.email, "role": "owner"})
     assert r.status_code == 201
+    assert (await api.call("POST", "/orgs", user, json={"name": "The last"})).status_code == 201
     body = assert_problem(
         await api.call("POST", "/orgs", user, json={"name": "One too many"}), 409, "org_limit_reached"
     )
     assert str(limit) in body["detail"]
-    # Other roles don't: as an admin there, the user owns limit - 1, and may make one more.
-    r = await api.call("PATCH", other.path(f"/members/{user.id}"), other.owner, json={"role": "admin"})
-    assert r.status_code == 200
-    assert (await api.call("POST", "/orgs", user, json={"name": "The last"})).status_code == 201
-    assert_problem(await api.call("POST", "/orgs", user, json={"name": "Again"}), 409, "org_limit_reached")
     # An org being deleted still counts; a deleted one no longer does.
     await set_org_state(db, mine[0], "deleting")
     assert_problem(await api.call("POST", "/orgs", user, json={"name": "Again"}), 409, "org_limit_reached")
@@ -163,7 +159,29 @@ async def test_orgs_per_user_limit(api: Api, db: Database, settings: Settings) -
     assert (await api.call("POST", "/orgs", user, json={"name": "After a purge"})).status_code == 201
     # Nothing was made by the refused requests.
     listed = (await api.call("GET", "/orgs", user)).json()["items"]
-    assert len(listed) == limit + 1  # `limit` owned, and the one where the user is an admin
+    assert len(listed) == limit + 1  # `limit` created, and the one the user was made owner of
+
+
+async def test_the_org_limit_cannot_be_handed_off(settings: Settings, users: UserFactory) -> None:
+    # The reproduction of issue 29: make someone else owner, step down to admin (or be removed), create more.
+    async with tuned_api(settings, users, orgs_per_user=3) as three:
+        founder = await users.make("founder")
+        heir = await users.make("heir")
+        mine = await _own_orgs(three, founder, 3)
+        for org_id in mine:
+            add = {"email": heir.email, "role": "owner"}
+            assert (await three.call("POST", f"/orgs/{org_id}/members", founder, json=add)).status_code == 201
+            demote = {"role": "admin"}
+            r = await three.call("PATCH", f"/orgs/{org_id}/members/{founder.id}", founder, json=demote)
+            assert r.status_code == 200, r.text
+        assert_problem(await three.call("POST", "/orgs", founder, json={"name": "4th"}), 409, "org_limit_reached")
+        # Removed from one of them by its new owner: still the founder's creation, still counted.
+        r = await three.call("DELETE", f"/orgs/{mine[0]}/members/{founder.id}", heir)
+        assert r.status_code == 204, r.text
+        assert_problem(await three.call("POST", "/orgs", founder, json={"name": "4th"}), 409, "org_limit_reached")
+        # The heir owns three orgs and created none: their own three are theirs to make, the fourth is not.
+        await _own_orgs(three, heir, 3)
+        assert_problem(await three.call("POST", "/orgs", heir, json={"name": "4th"}), 409, "org_limit_reached")
 
 
 async def test_concurrent_org_creations_share_the_limit(

@@ -7,12 +7,19 @@ one.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import datetime as dt
+import os
+import sys
 import time
 import uuid
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 from urllib.parse import parse_qs, urlsplit
 
 import jwt
@@ -20,13 +27,17 @@ import msgspec
 import psycopg
 import pytest
 from litestar.testing import AsyncTestClient
+from sqlalchemy import text
+from sqlalchemy.exc import ProgrammingError
 
 from space.app import create_app
+from space.auth.service import issue_token
 from space.config import Settings
-from space.db import Database
+from space.db import Database, Tenant, UnitOfWork
 from space.exports.lease import Lease
 from space.exports.pipeline import run_export
 from tests.exports.fixtures import (
+    WAIT,
     add_tickets,
     completed_export,
     create_export,
@@ -38,9 +49,11 @@ from tests.exports.fixtures import (
     uid,
     wait_for,
 )
+from tests.exports.limits_fixtures import tuned_api
 from tests.helpers import Api, Org, UserFactory, assert_problem
 
 CSV = {"kind": "tickets_csv"}
+SPACE = str(Path(sys.executable).with_name("space"))
 NEW_KEY = "n" * 40
 OLD_KEY = "o" * 40
 
@@ -52,8 +65,16 @@ def db_key(owner: psycopg.Connection[Any]) -> bytes:
     return bytes(row[0])
 
 
+def live_token_id(owner: psycopg.Connection[Any], user: uuid.UUID) -> str:
+    """The id of the user's (one) unrevoked bearer token, read as the owner."""
+    row = owner.execute("SELECT id FROM api_tokens WHERE user_id = %s AND revoked_at IS NULL", (user,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
 def forge(key: bytes | str, org: str, export: str, user: uuid.UUID, execution: uuid.UUID, **changes: Any) -> str:
-    """A token with the claims a link carries (valid for a minute), signed here with PyJWT."""
+    """A token with the claims a link carries (valid for a minute), signed here with PyJWT. Its minting bearer
+    token (`tok`) is made up unless given: such a token is refused whatever else it says."""
     claims: dict[str, Any] = {
         "pur": "export-download",
         "sub": str(user),
@@ -61,6 +82,7 @@ def forge(key: bytes | str, org: str, export: str, user: uuid.UUID, execution: u
         "export": export,
         "execution": str(execution),
         "exp": int(time.time()) + 60,
+        "tok": str(uuid.uuid4()),
     }
     claims.update(changes)
     algorithm = claims.pop("alg", "HS256")
@@ -106,7 +128,8 @@ async def test_a_link_downloads_like_the_bearer_route_with_no_referrer(
     path, _, query = link["url"].partition("?")
     assert path == org.path(f"/exports/{export_id}/result") and query.startswith("token=")
     expires = dt.datetime.fromisoformat(link["expiresAt"])
-    # Decoded independently: signed over purpose, user, org, export, execution and expiry, at most the TTL out.
+    # Decoded independently: signed over purpose, user, org, export, execution and expiry, at most the TTL out,
+    # and the bearer token it was minted with (its row id: the link lives while that token does).
     claims = jwt.decode(token_of(link["url"]), db_key(owner), algorithms=["HS256"])
     job = await job_row(api.users.db, org.id, export_id)
     assert claims == {
@@ -116,6 +139,8 @@ async def test_a_link_downloads_like_the_bearer_route_with_no_referrer(
         "export": export_id,
         "execution": str(job.execution_id),
         "exp": int(expires.timestamp()),
+        "tok": live_token_id(owner, org.owner.id),
+        "jti": ANY,
     }
     assert before < claims["exp"] <= int(time.time()) + settings.download_link_ttl_seconds
 
@@ -224,6 +249,11 @@ async def test_bad_tokens_are_refused(
     job = await job_row(db, org.id, export_id)
     assert job.execution_id is not None
     user, execution = org.owner.id, job.execution_id
+    tok = live_token_id(owner, user)
+
+    def live(*args: Any, **changes: Any) -> str:
+        # Minted, as far as `tok` goes, with the owner's live bearer token: each case is refused for its own reason.
+        return forge(*args, **{"tok": tok, **changes})
 
     head, payload, signature = token.split(".")
     claims = msgspec.json.decode(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
@@ -235,16 +265,20 @@ async def test_bad_tokens_are_refused(
         "a changed payload": f"{head}.{other_payload}.{signature}",
         "no signature": f"{head}.{payload}.",
         "alg none": jwt.encode({**claims, "sub": str(user)}, None, algorithm="none"),
-        "HS512": forge(key, org.id, export_id, user, execution, alg="HS512"),
-        "another key": forge("x" * 40, org.id, export_id, user, execution),
-        "another purpose": forge(key, org.id, export_id, user, execution, pur="password-reset"),
-        "no purpose": forge(key, org.id, export_id, user, execution, pur=None),
-        "no expiry": forge(key, org.id, export_id, user, execution, exp=None),
-        "another export": forge(key, org.id, other, user, execution),
-        "another org": forge(key, str(uuid.uuid4()), export_id, user, execution),
-        "another execution": forge(key, org.id, export_id, user, uuid.uuid4()),
-        "a user id that is none": forge(key, org.id, export_id, user, execution, sub="nobody"),
-        "an unknown user": forge(key, org.id, export_id, uuid.uuid4(), execution),
+        "HS512": live(key, org.id, export_id, user, execution, alg="HS512"),
+        "another key": live("x" * 40, org.id, export_id, user, execution),
+        "another purpose": live(key, org.id, export_id, user, execution, pur="password-reset"),
+        "no purpose": live(key, org.id, export_id, user, execution, pur=None),
+        "no expiry": live(key, org.id, export_id, user, execution, exp=None),
+        "another export": live(key, org.id, other, user, execution),
+        "another org": live(key, str(uuid.uuid4()), export_id, user, execution),
+        "another execution": live(key, org.id, export_id, user, uuid.uuid4()),
+        "a user id that is none": live(key, org.id, export_id, user, execution, sub="nobody"),
+        "an unknown user": live(key, org.id, export_id, uuid.uuid4(), execution),
+        "no minting token": live(key, org.id, export_id, user, execution, tok=None),
+        "a made-up minting token": live(key, org.id, export_id, user, execution, tok=str(uuid.uuid4())),
+        "another user's token": live(key, org.id, export_id, user, execution, tok=live_token_id(owner, org.admin.id)),
+        "a minting token that is none": live(key, org.id, export_id, user, execution, tok="nobody"),
         "garbage": "not-a-token",
         "empty": "",
         "a bearer token": org.owner.token,
@@ -259,9 +293,9 @@ async def test_bad_tokens_are_refused(
         await api.client.get(org.path(f"/exports/{other}/result"), params={"token": token}), 401, "link_invalid"
     )
     # Signed right, but past its expiry (and only then "expired": the signature is checked first).
-    expired = forge(key, org.id, export_id, user, execution, exp=int(time.time()) - 5)
+    expired = live(key, org.id, export_id, user, execution, exp=int(time.time()) - 5)
     assert_problem(await api.client.get(result, params={"token": expired}), 401, "link_expired")
-    expired_forged = forge("x" * 40, org.id, export_id, user, execution, exp=int(time.time()) - 5)
+    expired_forged = live("x" * 40, org.id, export_id, user, execution, exp=int(time.time()) - 5)
     assert_problem(await api.client.get(result, params={"token": expired_forged}), 401, "link_invalid")
     # A token with an Authorization header too: 400, whichever of the two is good.
     body = assert_problem(await api.call("GET", url, org.owner), 400, "invalid_request")
@@ -295,9 +329,10 @@ async def test_an_earlier_executions_token_fails_after_a_retry(
     job = await job_row(db, org.id, export["id"])
     assert job.attempt == 2 and job.execution_id != first.execution_id
     result = org.path(f"/exports/{export['id']}/result")
-    stale = forge(db_key(owner), org.id, export["id"], org.owner.id, first.execution_id)
+    tok = live_token_id(owner, org.owner.id)
+    stale = forge(db_key(owner), org.id, export["id"], org.owner.id, first.execution_id, tok=tok)
     assert_problem(await api.client.get(result, params={"token": stale}), 401, "link_invalid")
-    current = forge(db_key(owner), org.id, export["id"], org.owner.id, job.execution_id)  # type: ignore[arg-type]
+    current = forge(db_key(owner), org.id, export["id"], org.owner.id, job.execution_id, tok=tok)  # type: ignore[arg-type]
     assert (await api.client.get(result, params={"token": current})).status_code == 200
     assert (await fetch(api, (await mint(api, org, export["id"]))["url"])).status_code == 200
 
@@ -407,8 +442,131 @@ async def test_links_and_their_downloads_are_in_the_audit_trail(api: Api, db: Da
     assert by_action[1:] == [
         ("export.link_created", {"expiresAt": link["expiresAt"]}),
         ("export.downloaded", {"via": "link", "range": None, "bytes": len(whole.content)}),
-        ("export.downloaded", {"via": "link", "range": "bytes=10-19", "bytes": 10}),
+        ("export.downloaded", {"via": "link", "range": "bytes=10-19", "bytes": 10, "link": ANY, "coalesced": True}),
     ]
     assert all(i["actor"] == {"userId": str(org.owner.id), "name": org.owner.name} for i in rows[:3])
     # The trail never holds the token.
     assert token_of(link["url"]) not in r.text
+
+
+def _downloads(items: list[dict[str, Any]], export_id: str) -> list[dict[str, Any]]:
+    """The export's `export.downloaded` details, oldest first."""
+    return [i["details"] for i in items[::-1] if i["action"] == "export.downloaded" and i["target"]["id"] == export_id]
+
+
+async def test_a_links_ranges_are_audited_once_a_minute_and_whole_downloads_every_time(
+    api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any]
+) -> None:
+    org = await api.org("Ranges coalesced")
+    await add_tickets(db, org.id, org.member, [f"ranged ticket {i}" for i in range(30)])
+    export_id = await completed_export(api, db, settings, org, CSV)
+    first, second = (await mint(api, org, export_id))["url"], (await mint(api, org, export_id))["url"]
+    # A resumable client's many ranges, a few at once: one row for the link's minute, with the first range.
+    assert (await fetch(api, first, Range="bytes=0-9")).status_code == 206
+    many = [fetch(api, first, Range=f"bytes={n}-{n + 9}") for n in range(10, 200, 10)]
+    assert {r.status_code for r in await asyncio.gather(*many)} == {206}
+    # Another link has its own minute; whole downloads are each recorded, as before.
+    assert (await fetch(api, second, Range="bytes=5-6")).status_code == 206
+    for _ in range(2):
+        assert (await fetch(api, first)).status_code == 200
+    bearer = await api.call("GET", org.path(f"/exports/{export_id}/result"), org.owner, headers={"Range": "bytes=1-2"})
+    assert bearer.status_code == 206
+    items = (await api.call("GET", org.path("/audit"), org.owner, params={"limit": 200})).json()["items"]
+    rows = _downloads(items, export_id)
+    first_link, second_link = rows[0]["link"], rows[1]["link"]
+    size = int(bearer.headers["content-range"].rpartition("/")[2])
+    assert rows == [
+        {"via": "link", "range": "bytes=0-9", "bytes": 10, "link": first_link, "coalesced": True},
+        {"via": "link", "range": "bytes=5-6", "bytes": 2, "link": second_link, "coalesced": True},
+        {"via": "link", "range": None, "bytes": size},
+        {"via": "link", "range": None, "bytes": size},
+        {"via": "bearer", "range": "bytes=1-2", "bytes": 2},
+    ]
+    assert first_link != second_link and token_of(first) not in str(items) and token_of(second) not in str(items)
+    # A minute later (the row moved back by the owner: the app role can't change the trail), the link's next
+    # range is recorded again.
+    with pytest.raises(ProgrammingError, match="permission denied"):
+        async with UnitOfWork(db.sessionmaker, Tenant(org_id=uid(org.id))) as uow:
+            await uow.session.execute(text("UPDATE audit_events SET at = at - interval '61 seconds'"))
+    owner.execute(
+        "UPDATE audit_events SET at = at - interval '61 seconds' WHERE org_id = %s AND details->>'link' = %s",
+        (org.id, first_link),
+    )
+    assert (await fetch(api, first, Range="bytes=20-29")).status_code == 206
+    assert (await fetch(api, first, Range="bytes=30-39")).status_code == 206
+    items = (await api.call("GET", org.path("/audit"), org.owner, params={"limit": 200})).json()["items"]
+    assert _downloads(items, export_id)[5:] == [
+        {"via": "link", "range": "bytes=20-29", "bytes": 10, "link": first_link, "coalesced": True}
+    ]
+
+
+async def test_minting_is_rate_limited_per_user_over_all_orgs(
+    settings: Settings, users: UserFactory, db: Database, owner: psycopg.Connection[Any]
+) -> None:
+    async with tuned_api(settings, users, link_rate_limit=3) as three:
+        org, other = await three.org("Mints"), await three.org("More mints")
+        # The same person in both orgs: the limit is theirs, not the org's.
+        add = {"email": org.owner.email, "role": "owner"}
+        assert (await three.call("POST", other.path("/members"), other.owner, json=add)).status_code == 201
+        export_id = await completed_export(three, db, settings, org, CSV)
+        other_export = await completed_export(three, db, settings, other, CSV)
+        mine, theirs = org.path(f"/exports/{export_id}/links"), other.path(f"/exports/{other_export}/links")
+        # Made by other.owner: the org.owner (an owner there too) can't mint for it, so theirs is their own.
+        made = await create_export(three, other, org.owner, CSV)
+        assert await run_export(runner(settings, db), uid(made["id"]), uid(other.id)) == "completed"
+        own_there = made["id"]
+        there = other.path(f"/exports/{own_there}/links")
+        for path in (mine, there, mine):
+            assert (await three.call("POST", path, org.owner)).status_code == 201
+        # n-1 = 3 minted in the minute; the nth is refused, in either org, and records nothing.
+        for path in (mine, there):
+            r = await three.call("POST", path, org.owner)
+            assert_problem(r, 429, "rate_limited")
+            assert 55 <= int(r.headers["retry-after"]) <= 60
+        trail = (await three.call("GET", org.path("/audit"), org.owner, params={"limit": 200})).json()["items"]
+        assert sum(i["action"] == "export.link_created" for i in trail) == 2
+        # Another user has their own minute.
+        assert (await three.call("POST", theirs, other.owner)).status_code == 201
+        # Retry-After says when the oldest mint leaves the window: moved back 30 s, about 30.
+        owner.execute("UPDATE link_mints SET at = at - interval '30 seconds' WHERE user_id = %s", (org.owner.id,))
+        r = await three.call("POST", org.path(f"/exports/{export_id}/links"), org.owner)
+        assert_problem(r, 429, "rate_limited")
+        assert 25 <= int(r.headers["retry-after"]) <= 30
+        # Past the minute, places are free again.
+        owner.execute("UPDATE link_mints SET at = at - interval '31 seconds' WHERE user_id = %s", (org.owner.id,))
+        assert (await three.call("POST", org.path(f"/exports/{export_id}/links"), org.owner)).status_code == 201
+        left = owner.execute("SELECT count(*) FROM link_mints WHERE user_id = %s", (org.owner.id,)).fetchone()
+        assert left == (1,)  # the expired ones were pruned by that mint
+
+
+async def test_the_default_link_rate_limit_is_sixty_a_minute(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org("Sixty")
+    export_id = await completed_export(api, db, settings, org, CSV)
+    for _ in range(60):
+        assert (await api.call("POST", org.path(f"/exports/{export_id}/links"), org.owner)).status_code == 201
+    r = await api.call("POST", org.path(f"/exports/{export_id}/links"), org.owner)
+    assert_problem(r, 429, "rate_limited")
+    assert "retry-after" in r.headers
+
+
+async def test_tokens_revoke_ends_the_links_minted_before_it(
+    api: Api, db: Database, settings: Settings, owner_url: str
+) -> None:
+    org = await api.org("Revoked links")
+    export_id = await completed_export(api, db, settings, org, CSV)
+    link = (await mint(api, org, export_id))["url"]
+    assert (await fetch(api, link)).status_code == 200
+    # The real command, as an operator runs it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")} | {"DATABASE_URL": owner_url}
+    proc = await asyncio.create_subprocess_exec(SPACE, "tokens", "revoke", org.owner.email, env=env, stderr=PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), WAIT)
+    assert proc.returncode == 0, err
+    # At once, for a whole download and for a range.
+    assert_problem(await fetch(api, link), 401, "link_invalid")
+    assert_problem(await fetch(api, link, Range="bytes=0-0"), 401, "link_invalid")
+    # A new token mints links that work; the old link stays dead.
+    async with UnitOfWork(db.sessionmaker) as uow:
+        renewed = dataclasses.replace(org.owner, token=await issue_token(uow.session, org.owner.id))
+    fresh = (await mint(api, org, export_id, renewed))["url"]
+    assert (await fetch(api, fresh)).status_code == 200
+    assert_problem(await fetch(api, link), 401, "link_invalid")

@@ -199,18 +199,56 @@ async def test_the_redirect_keeps_conditional_requests_the_audit_and_the_metrics
     assert minted.status_code == 201, minted.text
     r = await s3api.client.get(minted.json()["url"], follow_redirects=False)
     assert r.status_code == 303 and r.headers.get_list("referrer-policy") == ["no-referrer"]
-    # HEAD hands nothing over.
-    assert (await s3api.client.head(minted.json()["url"], follow_redirects=False)).status_code == 303
+    # HEAD hands nothing over: the API answers it (SPEC §25), and records nothing.
+    head = await s3api.client.head(minted.json()["url"], follow_redirects=False)
+    assert head.status_code == 200 and "location" not in head.headers
+    # A one-byte range: its presigned URL serves whatever its holder asks, so no byte count is recorded for it.
+    r = await s3api.call("GET", path, org.member, headers={"Range": "bytes=0-0"}, follow_redirects=False)
+    assert r.status_code == 303
 
     after = await scrape(s3api.client)
-    assert delta(before, after, "space_downloads_total", via="bearer") == 1
+    assert delta(before, after, "space_downloads_total", via="bearer") == 2
     assert delta(before, after, "space_downloads_total", via="link") == 1
     trail = await s3api.call("GET", org.path("/audit"), org.owner)
     downloads = [i["details"] for i in trail.json()["items"] if i["action"] == "export.downloaded"][::-1]
+    # Every 303 is recorded as it is given, with the range asked for and `redirect`.
     assert downloads == [
-        {"via": "bearer", "range": "bytes=10-19", "bytes": 10},
-        {"via": "link", "range": None, "bytes": done["byteSize"]},
+        {"via": "bearer", "range": "bytes=10-19", "bytes": None, "redirect": True},
+        {"via": "link", "range": None, "bytes": None, "redirect": True},
+        {"via": "bearer", "range": "bytes=0-0", "bytes": None, "redirect": True},
     ]
+
+
+async def test_head_is_answered_by_the_api_with_the_get_headers(
+    s3api: Api, s3set: Settings, db: Database, owner: psycopg.Connection[Any]
+) -> None:
+    org = await s3api.org()
+    seed_tickets(owner, org, 300)
+    done = await completed_csv(s3api, s3set, db, org)
+    path = org.path(f"/exports/{done['id']}/result")
+    size = done["byteSize"]
+    minted = await s3api.call("POST", org.path(f"/exports/{done['id']}/links"), org.member)
+    assert minted.status_code == 201, minted.text
+    for head in (
+        await s3api.call("HEAD", path, org.member, follow_redirects=False),
+        await s3api.client.head(minted.json()["url"], follow_redirects=False),
+    ):
+        assert head.status_code == 200 and head.content == b"", head.headers
+        assert "location" not in head.headers
+        assert head.headers["content-length"] == str(size)
+        assert head.headers["content-type"] == "text/csv; charset=utf-8"
+        assert head.headers["etag"] == f'"{done["sha256"]}"'
+        assert head.headers["accept-ranges"] == "bytes"
+        assert head.headers["content-disposition"] == f'attachment; filename="space-export-{done["id"]}.csv"'
+    ranged = await s3api.call("HEAD", path, org.member, headers={"Range": "bytes=5-14"}, follow_redirects=False)
+    assert ranged.status_code == 206 and ranged.headers["content-range"] == f"bytes 5-14/{size}"
+    assert ranged.headers["content-length"] == "10" and "location" not in ranged.headers
+    # Authorized first, as a GET: a former member's HEAD is refused.
+    assert (await s3api.call("DELETE", org.path(f"/members/{org.member.id}"), org.owner)).status_code == 204
+    refused = await s3api.call("HEAD", path, org.member, follow_redirects=False)
+    assert refused.status_code == 403 and "location" not in refused.headers  # access_revoked (a HEAD has no body)
+    trail = await s3api.call("GET", org.path("/audit"), org.owner)
+    assert not [i for i in trail.json()["items"] if i["action"] == "export.downloaded"]
 
 
 def _sigv4_matches(url: str, secret: str) -> bool:

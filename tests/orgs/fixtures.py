@@ -52,7 +52,7 @@ async def seed(api: Api, db: Database, settings: Settings, org: Org, *, projects
     oid = uuid.UUID(org.id)
     async with UnitOfWork(db.sessionmaker, Tenant(org_id=oid)) as uow:
         hook = msgspec.convert({"url": "http://127.0.0.1:9/closed", "events": ["export.completed"]}, WebhookCreate)
-        created = await webhooks.create_webhook(uow.session, oid, org.owner.id, hook, allow_private=True)
+        created = await webhooks.create_webhook(uow.session, oid, org.owner.id, hook, allow_private=True, limit=10)
     await completed_export(api, db, settings, org, {"kind": "snapshot"})
     async with UnitOfWork(db.sessionmaker, Tenant(org_id=oid)) as uow:
         delivery_id = await uow.session.scalar(

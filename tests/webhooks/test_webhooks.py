@@ -29,6 +29,7 @@ from space.webhooks.models import EventType
 from space.webhooks.schemas import EventData, WebhookCreate
 from space.worker import run_worker
 from tests.exports.fixtures import WAIT, add_tickets, create_export, tuned, wait_for, wait_state
+from tests.exports.limits_fixtures import tuned_api
 from tests.helpers import Api, Org, UserFactory, assert_problem
 from tests.orgs.fixtures import request_deletion
 from tests.webhooks.receiver import receiver, verifies
@@ -91,6 +92,44 @@ async def attempts(api: Api, org: Org, webhook_id: str, n: int) -> list[dict[str
 
     result: list[dict[str, Any]] = await wait_for(check, f"{n} attempts in the log")
     return result
+
+
+# --- how many -----------------------------------------------------------------------------------------------
+
+
+async def test_an_org_holds_at_most_webhooks_per_org_endpoints(settings: Settings, users: UserFactory) -> None:
+    # Every event is owed to every endpoint: the bound is what keeps one org's events from filling the lane.
+    async with tuned_api(settings, users, webhooks_per_org=3) as tuned:
+        org = await tuned.org()
+        other = await tuned.org("Other")
+        body = {"url": PUBLIC_URL, "events": ["export.completed"]}
+        created = []
+        for _ in range(2):
+            r = await tuned.call("POST", org.path("/webhooks"), org.owner, json=body)
+            assert r.status_code == 201, r.text
+            created.append(r.json()["id"])
+        # n-1 endpoints allowed: the third (the nth) is the last place.
+        r = await tuned.call("POST", org.path("/webhooks"), org.admin, json=body)
+        assert r.status_code == 201, r.text
+        assert_problem(
+            await tuned.call("POST", org.path("/webhooks"), org.owner, json=body), 409, "webhook_limit_reached"
+        )
+        # Another org has its own places; a removed endpoint frees one.
+        r = await tuned.call("POST", other.path("/webhooks"), other.owner, json=body)
+        assert r.status_code == 201, r.text
+        r = await tuned.call("DELETE", org.path(f"/webhooks/{created[0]}"), org.owner)
+        assert r.status_code == 204, r.text
+        r = await tuned.call("POST", org.path("/webhooks"), org.owner, json=body)
+        assert r.status_code == 201, r.text
+
+
+async def test_the_default_webhook_limit_is_ten(api: Api) -> None:
+    org = await api.org()
+    body = {"url": PUBLIC_URL, "events": ["export.failed"]}
+    for _ in range(10):
+        r = await api.call("POST", org.path("/webhooks"), org.owner, json=body)
+        assert r.status_code == 201, r.text
+    assert_problem(await api.call("POST", org.path("/webhooks"), org.owner, json=body), 409, "webhook_limit_reached")
 
 
 # --- who may manage endpoints ---------------------------------------------------------------------------------
@@ -329,7 +368,7 @@ async def test_the_purge_removes_webhook_rows_with_the_org(
             data = msgspec.convert(
                 {"url": "http://127.0.0.1:9/closed", "events": ["org.deletion_requested"]}, WebhookCreate
             )
-            await service.create_webhook(uow.session, uuid.UUID(o.id), o.owner.id, data, allow_private=True)
+            await service.create_webhook(uow.session, uuid.UUID(o.id), o.owner.id, data, allow_private=True, limit=10)
     await request_deletion(api0, org)
     counts = lambda table, oid: owner.execute(  # noqa: E731
         f"SELECT count(*) FROM {table} WHERE org_id = %s", (oid,)

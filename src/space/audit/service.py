@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 import ipaddress
 import uuid
 from collections.abc import Iterable, Sequence
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from sqlalchemy import select
+from sqlalchemy import func, literal, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.audit.models import AuditAction, AuditEvent
@@ -20,6 +21,7 @@ from space.audit.schemas import AuditActor, AuditItem, AuditPage, AuditTarget
 from space.auth.models import User
 from space.config import Network
 from space.db import Database, Tenant, UnitOfWork
+from space.db.locks import lock_link_audit
 from space.errors import InvalidRequest
 
 
@@ -73,6 +75,10 @@ async def record(
     await session.flush()
 
 
+RANGE_AUDIT_SECONDS = 60
+"""One link's ranged requests are audited at most once in this many seconds (SPEC §25)."""
+
+
 async def record_download(
     db: Database,
     org_id: uuid.UUID,
@@ -81,11 +87,28 @@ async def record_download(
     *,
     via: str,
     byte_range: str | None,
-    size: int,
+    size: int | None,
     ip: str | None,
+    redirect: bool = False,
+    link_id: str | None = None,
 ) -> None:
-    """`export.downloaded`, in a transaction of its own, as the response starts (the request's has committed)."""
+    """`export.downloaded`, in a transaction of its own, as the response starts (the request's has committed).
+
+    `size` None: the download was handed to the object store (`redirect`), which sends what it is asked. A link's
+    ranged requests (`link_id` and a `byte_range`) write one row a minute, marked `coalesced`: a resumable client
+    asks hundreds of ranges, and the trail must not grow with them. Whole downloads are recorded every time.
+    """
+    details: dict[str, Any] = {"via": via, "range": byte_range, "bytes": size}
+    if redirect:
+        details["redirect"] = True
     async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id, user_id=user_id)) as uow:
+        if link_id is not None and byte_range is not None:
+            # Answered from the trail itself (append-only: no row is ever updated to count the ranges it stands
+            # for), under the link's lock, so two ranges at once can't both find no row.
+            await lock_link_audit(uow.session, link_id)
+            if await _range_audited(uow.session, org_id, link_id):
+                return
+            details.update(link=link_id, coalesced=True)
         await record(
             uow.session,
             org_id,
@@ -93,33 +116,55 @@ async def record_download(
             Target.export(export_id),
             actor_id=user_id,
             ip=ip,
-            details={"via": via, "range": byte_range, "bytes": size},
+            details=details,
         )
+
+
+async def _range_audited(session: AsyncSession, org_id: uuid.UUID, link_id: str) -> bool:
+    # The database's clock on both sides (rows are stamped by it); index audit_events_link_ranges_idx.
+    found = await session.scalar(
+        select(literal(1))
+        .where(
+            AuditEvent.org_id == org_id,
+            AuditEvent.action == AuditAction.export_downloaded.value,
+            AuditEvent.details["link"].astext == link_id,
+            AuditEvent.at > func.now() - dt.timedelta(seconds=RANGE_AUDIT_SECONDS),
+        )
+        .limit(1)
+    )
+    return found is not None
 
 
 # --- reading the trail -------------------------------------------------------------------------------------------
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
-_CURSOR_VERSION = 1
+_CURSOR_VERSION = 2
+# A cursor names the last row of a page by its id, one of the org's own rows that the page already shows, and
+# nothing else: the trail's order (`seq`) is installation-wide, and a cursor made of it told an admin how many
+# audited actions other orgs took between two of theirs (issue 29). Version 1 cursors (of seq) are refused.
 
 
-def encode_cursor(seq: int) -> str:
-    """The opaque cursor of the page that follows the row `seq` (older rows)."""
-    raw = msgspec.json.encode([_CURSOR_VERSION, seq])
+def encode_cursor(row_id: uuid.UUID) -> str:
+    """The opaque cursor of the page that follows the row `row_id` (older rows)."""
+    raw = msgspec.json.encode([_CURSOR_VERSION, str(row_id)])
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
-def decode_cursor(cursor: str) -> int:
+def decode_cursor(cursor: str) -> uuid.UUID:
     """The row a cursor names; 400 `invalid_request` (naming `before`) for anything this service did not make."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        version, seq = msgspec.json.decode(raw, type=tuple[int, int])
+        version, row_id = msgspec.json.decode(raw, type=tuple[int, uuid.UUID])
     except (binascii.Error, ValueError, msgspec.DecodeError, msgspec.ValidationError):
-        version, seq = 0, 0
-    if version != _CURSOR_VERSION or seq < 1 or seq > 2**63 - 1:
-        raise InvalidRequest("before: not a cursor of this trail.", errors=[{"key": "before"}])
-    return seq
+        raise _not_a_cursor() from None
+    if version != _CURSOR_VERSION:
+        raise _not_a_cursor()
+    return row_id
+
+
+def _not_a_cursor() -> InvalidRequest:
+    return InvalidRequest("before: not a cursor of this trail.", errors=[{"key": "before"}])
 
 
 async def page(session: AsyncSession, org_id: uuid.UUID, before: str | None, limit: int) -> AuditPage:
@@ -133,11 +178,17 @@ async def page(session: AsyncSession, org_id: uuid.UUID, before: str | None, lim
         .limit(limit + 1)
     )
     if before is not None:
-        stmt = stmt.where(AuditEvent.seq < decode_cursor(before))
+        # Where the named row stands, found among this org's rows only: another org's row id is no cursor here.
+        position = await session.scalar(
+            select(AuditEvent.seq).where(AuditEvent.org_id == org_id, AuditEvent.id == decode_cursor(before))
+        )
+        if position is None:
+            raise _not_a_cursor()
+        stmt = stmt.where(AuditEvent.seq < position)
     rows = (await session.execute(stmt)).all()
     items = [_item(event, name) for event, name in rows[:limit]]
     more = len(rows) > limit
-    return AuditPage(items=items, next=encode_cursor(rows[limit - 1][0].seq) if more else None)
+    return AuditPage(items=items, next=encode_cursor(rows[limit - 1][0].id) if more else None)
 
 
 def _item(event: AuditEvent, name: str | None) -> AuditItem:

@@ -23,6 +23,8 @@ class Principal:
     user_id: uuid.UUID
     email: str
     name: str
+    token_id: uuid.UUID | None = None
+    """The bearer token the caller authenticated with (None for a download link's user)."""
 
 
 async def authenticate(session: AsyncSession, authorization: str | None) -> Principal:
@@ -35,19 +37,26 @@ async def authenticate(session: AsyncSession, authorization: str | None) -> Prin
         raise Unauthenticated("Expected 'Authorization: Bearer <token>'.", headers=dict(_CHALLENGE))
     row = (
         await session.execute(
-            select(User.id, User.email, User.name)
+            select(User.id, User.email, User.name, ApiToken.id.label("token_id"))
             .join(ApiToken, ApiToken.user_id == User.id)
             .where(ApiToken.token_hash == hash_token(token), ApiToken.revoked_at.is_(None))
         )
     ).one_or_none()
     if row is None:
         raise Unauthenticated("Unknown or revoked token.", headers=dict(_CHALLENGE))
-    return Principal(user_id=row.id, email=row.email, name=row.name)
+    return Principal(user_id=row.id, email=row.email, name=row.name, token_id=row.token_id)
 
 
-async def principal_of(session: AsyncSession, user_id: uuid.UUID) -> Principal | None:
-    """The user as a principal (a download link names its user by id), or None when there is no such user."""
-    row = (await session.execute(select(User.id, User.email, User.name).where(User.id == user_id))).one_or_none()
+async def principal_of(session: AsyncSession, user_id: uuid.UUID, token_id: uuid.UUID) -> Principal | None:
+    """A download link's user as a principal, or None when there is no such user or the bearer token the link
+    was minted with (`token_id`, theirs) is revoked: revoking a user's tokens ends their links too."""
+    row = (
+        await session.execute(
+            select(User.id, User.email, User.name)
+            .join(ApiToken, ApiToken.user_id == User.id)
+            .where(User.id == user_id, ApiToken.id == token_id, ApiToken.revoked_at.is_(None))
+        )
+    ).one_or_none()
     return None if row is None else Principal(user_id=row.id, email=row.email, name=row.name)
 
 

@@ -8,7 +8,10 @@
   Deliberately not the org row lock: publishes, role changes and lifecycle transitions hold that one, and a
   claim need not wait for them.
 
-Both use PostgreSQL's two-key form (`pg_advisory_xact_lock(int, int)`) with a key space of their own as the
+- `lock_link_audit`: one download link's ranged requests, so "was one audited in the last minute" and the
+  row that answers no are one step (two concurrent ranges of a link write one row).
+
+All use PostgreSQL's two-key form (`pg_advisory_xact_lock(int, int)`) with a key space of their own as the
 first key (SAQ's Postgres queue uses key space 0), and end with the transaction.
 """
 
@@ -23,6 +26,8 @@ USER_LIMITS = 0x53500001
 """Key space of `lock_user`."""
 ORG_CLAIMS = 0x53500002
 """Key space of `lock_org_claims`."""
+LINK_AUDIT = 0x53500003
+"""Key space of `lock_link_audit`."""
 
 # hashtext maps the id onto the second int4 key; two ids that collide only share a lock, which is safe.
 _LOCK = "SELECT pg_advisory_xact_lock({space}, hashtext(:id))"
@@ -36,3 +41,8 @@ async def lock_user(session: AsyncSession, user_id: uuid.UUID) -> None:
 async def lock_org_claims(session: AsyncSession, org_id: uuid.UUID) -> None:
     """Wait for, then hold until commit, the lock over this org's export claims."""
     await session.execute(text(_LOCK.format(space=ORG_CLAIMS)), {"id": str(org_id)})
+
+
+async def lock_link_audit(session: AsyncSession, link_id: str) -> None:
+    """Wait for, then hold until commit, the lock over one link's ranged-request audit rows."""
+    await session.execute(text(_LOCK.format(space=LINK_AUDIT)), {"id": link_id})

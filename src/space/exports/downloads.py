@@ -111,8 +111,10 @@ def not_modified(if_none_match: str | None, etag: str) -> bool:
     return any(t == "*" or t.removeprefix("W/") == etag for t in tags)
 
 
-Recorder = Callable[[str | None, int], Awaitable[None]]
-"""Records a download as it starts, given the range served (`bytes=a-b`, or None for the whole) and its bytes."""
+Recorder = Callable[[str | None, int | None, bool], Awaitable[None]]
+"""Records a download as it starts, given the range asked for (`bytes=a-b`, or None for the whole), the bytes the
+API sends (None when it hands the download to the store: what the store sends is not known here) and whether it
+was handed over (a 303)."""
 
 
 async def respond(
@@ -145,18 +147,20 @@ async def respond(
     if part is not None:
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
     served = None if part is None else f"bytes={start}-{end - 1}"
-    if redirect is not None:
-        # The store answers the range itself; the trail and the counter record the hand-over as it happens.
-        if request.method != "HEAD":
-            if record is not None:
-                await record(served, end - start)
-            metrics.DOWNLOADS.labels(via=download.via).inc()
+    # HEAD is answered here even when the store serves the bytes: a 303 would send the client to a presigned GET
+    # of the whole file, which a HEAD never asked for (and the trail would not see).
+    if redirect is not None and request.method != "HEAD":
+        # The store answers the range itself, and its URL serves whatever range its holder asks: the trail records
+        # the hand-over as it happens, with the range asked for and no byte count (a `bytes=0-0` is not 1 byte).
+        if record is not None:
+            await record(served, None, True)
+        metrics.DOWNLOADS.labels(via=download.via).inc()
         return Redirect(redirect, status_code=303, headers={**REDIRECT_HEADERS, "ETag": etag})
     headers["Content-Length"] = str(end - start)
     # Litestar leaves Content-Type out of a HEAD response; SPEC §11 wants GET's headers, so it is set here.
     headers["Content-Type"] = download.content_type
     body = _nothing() if request.method == "HEAD" else download.body(start, end)
-    on_start = None if record is None else functools.partial(record, served, end - start)
+    on_start = None if record is None else functools.partial(record, served, end - start, False)
     return DownloadStream(
         body,
         slots=slots,

@@ -6,6 +6,10 @@ token can't choose its own algorithm (`none`, or an asymmetric one with the key 
 compares signatures with `hmac.compare_digest`. It proves only who asked and what for, until when: the result
 route authorizes its user again, in SPEC §6's order, at every use.
 
+A token also names the bearer token it was minted with (`tok`, that token's row id, not the token): the user
+lookup of every use requires that token to be unrevoked, so `space tokens revoke` ends every link minted before
+it at once (SPEC §25), with no clock to compare and in the round trip that already finds the user.
+
 Keys: `SPACE_SECRET_KEY` (comma-separated: the first signs, every one verifies, so a key can be rotated in
 without breaking the links minted a minute before), else the key `space migrate` made and keeps in the
 `signing_keys` table (migration 0007), read once when the API starts, so every host shares it.
@@ -14,6 +18,7 @@ without breaking the links minted a minute before), else the key `space migrate`
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +34,7 @@ PURPOSE = "export-download"
 ALGORITHM = "HS256"
 MAX_TOKEN_CHARS = 2000
 """Longer `token=` values are refused before any parsing (a real one is about 400 characters)."""
-_CLAIMS = ["pur", "sub", "org", "export", "execution", "exp"]
+_CLAIMS = ["pur", "sub", "org", "export", "execution", "exp", "tok"]
 
 
 class NoSigningKey(RuntimeError):
@@ -46,6 +51,10 @@ class LinkGrant:
     execution_id: uuid.UUID
     expires_at: int
     """Seconds since the epoch (JWT's `exp`)."""
+    token_id: uuid.UUID
+    """The bearer token the link was minted with: the link works while that token is not revoked."""
+    link_id: str = ""
+    """Names this link in the audit trail (a digest of the token, never the token); set by `verify`."""
 
     @property
     def expires(self) -> dt.datetime:
@@ -70,6 +79,10 @@ class LinkSigner:
             "export": str(grant.export_id),
             "execution": str(grant.execution_id),
             "exp": grant.expires_at,
+            "tok": str(grant.token_id),
+            # Each mint is a link of its own (two in one second would otherwise be the same token): one link's
+            # ranged requests share one audit row a minute, another link's have theirs.
+            "jti": uuid.uuid4().hex,
         }
         import jwt  # here, not at the top: the worker imports this module and never signs (PyJWT loads cryptography)
 
@@ -103,6 +116,8 @@ class LinkSigner:
                 export_id=uuid.UUID(claims["export"]),
                 execution_id=uuid.UUID(claims["execution"]),
                 expires_at=int(claims["exp"]),
+                token_id=uuid.UUID(claims["tok"]),
+                link_id=hashlib.sha256(token.encode()).hexdigest()[:32],
             )
         except (TypeError, ValueError, AttributeError):
             raise LinkInvalid() from None

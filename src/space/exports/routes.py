@@ -141,7 +141,7 @@ async def provide_download_principal(
         if token is not None:
             raise InvalidRequest("token: send a download link's token or an Authorization header, not both.")
     else:
-        found = await principal_of(uow.session, link.user_id)
+        found = await principal_of(uow.session, link.user_id, link.token_id)
         if found is None:
             raise LinkInvalid()
         principal = found
@@ -215,12 +215,12 @@ class ExportController(Controller):
         return await service.create_link(
             ctx.uow.session,
             ctx.org,
-            ctx.principal.user_id,
+            ctx.principal,
             ctx.membership,
             parse_id(export_id),
             store,
             signer,
-            settings.download_link_ttl_seconds,
+            settings,
             ip=ctx.ip,
         )
 
@@ -258,8 +258,8 @@ class ExportController(Controller):
             execution_id=None if link is None else link.execution_id,
         )
 
-        async def record(served: str | None, size: int) -> None:
-            # The trail says what left, as the response starts: not for a refusal, a 304 or a busy server.
+        async def record(served: str | None, size: int | None, redirected: bool) -> None:
+            # The trail says what left, as the response starts: not for a refusal, a 304, a HEAD or a busy server.
             await audit.record_download(
                 db,
                 ctx.org.id,
@@ -269,6 +269,10 @@ class ExportController(Controller):
                 byte_range=served,
                 size=size,
                 ip=ctx.ip,
+                redirect=redirected,
+                link_id=None if link is None else link.link_id,
             )
 
-        return await respond(download, request, slots, record, redirect=await download.redirect_url())
+        # A HEAD is answered by the API itself, so it needs no presigned URL.
+        redirect = None if request.method == "HEAD" else await download.redirect_url()
+        return await respond(download, request, slots, record, redirect=redirect)

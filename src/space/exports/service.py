@@ -12,10 +12,12 @@ from typing import Any, Literal
 
 import msgspec
 from saq import Queue
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.audit import service as audit
 from space.audit.models import AuditAction
+from space.auth.service import Principal
 from space.config import Settings
 from space.db import UnitOfWork
 from space.db.locks import lock_user
@@ -28,6 +30,7 @@ from space.errors import (
     ExportRevoked,
     Forbidden,
     LinkInvalid,
+    LinkRateLimited,
     NotFound,
     OrgDeleting,
     RateLimited,
@@ -473,20 +476,23 @@ async def open_result(
 async def create_link(
     session: AsyncSession,
     org: Organization,
-    user_id: uuid.UUID,
+    principal: Principal,
     membership: Membership | None,
     export_id: uuid.UUID,
     store: ResultStore,
     signer: LinkSigner,
-    ttl_seconds: int,
+    settings: Settings,
     *,
     ip: str | None = None,
 ) -> Link:
-    """A download link to a result the caller could download now (authorized exactly as a download)."""
-    download = await open_result(session, org, user_id, membership, export_id, store)
+    """A download link to a result the caller could download now (authorized exactly as a download), at most
+    `link_rate_limit` a minute per user; it lives while the bearer token that minted it does."""
+    download = await open_result(session, org, principal.user_id, membership, export_id, store)
+    assert principal.token_id is not None  # minted by a bearer request: a link never mints another
+    await _take_mint_place(session, principal.user_id, settings.link_rate_limit)
     # The API host's clock, as the verification uses it (`space check` holds hosts within 1 s of the database).
-    expires_at = int(time.time()) + ttl_seconds
-    grant = LinkGrant(user_id, org.id, export_id, download.key.execution_id, expires_at)
+    expires_at = int(time.time()) + settings.download_link_ttl_seconds
+    grant = LinkGrant(principal.user_id, org.id, export_id, download.key.execution_id, expires_at, principal.token_id)
     url = f"/orgs/{org.id}/exports/{export_id}/result?token={signer.sign(grant)}"
     link = Link(url=url, expires_at=grant.expires)
     # The token itself is never recorded: the trail says that a link exists and until when, not how to use it.
@@ -495,11 +501,38 @@ async def create_link(
         org.id,
         AuditAction.export_link_created,
         audit.Target.export(export_id),
-        actor_id=user_id,
+        actor_id=principal.user_id,
         ip=ip,
         details={"expiresAt": f"{link.expires_at:%Y-%m-%dT%H:%M:%SZ}"},  # whole seconds, UTC: as the API shows it
     )
     return link
+
+
+# One statement: the user's mints of the last minute, the older ones pruned (so the table holds at most the limit
+# per user), and this one counted when there is room. Every CTE reads the same snapshot; the user's lock orders
+# two mints of one user, so both can't see the last place.
+_MINT_WINDOW = text(
+    "WITH recent AS ("
+    "  SELECT count(*) AS n, min(at) AS oldest FROM link_mints"
+    "  WHERE user_id = :user AND at > now() - interval '1 minute'"
+    "), pruned AS ("
+    "  DELETE FROM link_mints WHERE user_id = :user AND at <= now() - interval '1 minute'"
+    "), minted AS ("
+    "  INSERT INTO link_mints (user_id, at) SELECT :user, now() FROM recent WHERE n < :limit RETURNING at"
+    ")"
+    " SELECT n, extract(epoch FROM oldest + interval '1 minute' - now()) AS frees_in FROM recent"
+)
+
+
+async def _take_mint_place(session: AsyncSession, user_id: uuid.UUID, limit: int) -> None:
+    # Per user over all orgs (SPEC §25), in the database's clock; needs the user's tenant context (RLS).
+    await lock_user(session, user_id)
+    row = (await session.execute(_MINT_WINDOW, {"user": user_id, "limit": limit})).one()
+    if row.n >= limit:
+        wait = max(1, math.ceil(float(row.frees_in)))
+        raise LinkRateLimited(
+            f"At most {limit} download links a minute; try again in {wait} s.", headers={"Retry-After": str(wait)}
+        )
 
 
 async def _checked(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:

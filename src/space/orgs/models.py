@@ -48,6 +48,8 @@ class Organization(Base):
     delete_after: Mapped[dt.datetime | None]
     deleted_at: Mapped[dt.datetime | None]
     purged_counts: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    created_by: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("users.id"))
+    """Who created it (migration 0015): SPACE_ORGS_PER_USER counts it for them, whatever their role now."""
     created_at: Mapped[dt.datetime] = created_at()
     updated_at: Mapped[dt.datetime] = updated_at()
 

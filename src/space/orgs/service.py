@@ -52,15 +52,15 @@ async def lock_org(session: AsyncSession, org_id: uuid.UUID) -> Organization:
 
 
 async def create_org(uow: UnitOfWork, principal: Principal, name: str, max_owned: int) -> Org:
-    """Create an org with the caller as its owner, unless they already own `max_owned` (SPEC §14)."""
+    """Create an org with the caller as its owner, unless they already created `max_owned` (SPEC §14, §25)."""
     # Two creations by one user are ordered by the user's lock, so both can't see room for one more.
     await lock_user(uow.session, principal.user_id)
-    owned = await owned_orgs(uow.session, principal.user_id)
-    if owned >= max_owned:
-        raise OrgLimitReached(f"You own {owned} organizations; at most {max_owned} are allowed.")
+    created = await created_orgs(uow.session, principal.user_id)
+    if created >= max_owned:
+        raise OrgLimitReached(f"You created {created} organizations; at most {max_owned} are allowed.")
     org_id = uuid.uuid4()
     await uow.retenant(Tenant(org_id=org_id, user_id=principal.user_id))
-    org = Organization(id=org_id, name=name.strip(), state=OrgState.active.value)
+    org = Organization(id=org_id, name=name.strip(), state=OrgState.active.value, created_by=principal.user_id)
     uow.session.add(org)
     await uow.session.flush()
     uow.session.add(Membership(id=uuid.uuid4(), org_id=org_id, user_id=principal.user_id, role=Role.owner.value))
@@ -70,17 +70,15 @@ async def create_org(uow: UnitOfWork, principal: Principal, name: str, max_owned
     return org_out(org)
 
 
-async def owned_orgs(session: AsyncSession, user_id: uuid.UUID) -> int:
-    """Orgs (not deleted) the user owns; needs the user's tenant context (RLS shows a user only their own)."""
+async def created_orgs(session: AsyncSession, user_id: uuid.UUID) -> int:
+    """Orgs (not deleted) the user created, whatever their role in them now; needs the user's tenant context (RLS
+    shows a user the orgs they created, policy `created_orgs`)."""
+    # Counted by creator, not by owner: an owner who makes someone else owner and steps down frees no place, and
+    # the person made owner is charged nothing (no consent is asked of them).
     n = await session.scalar(
         select(func.count())
-        .select_from(Membership)
-        .join(Organization, Organization.id == Membership.org_id)
-        .where(
-            Membership.user_id == user_id,
-            Membership.role == Role.owner.value,
-            Organization.state != OrgState.deleted.value,
-        )
+        .select_from(Organization)
+        .where(Organization.created_by == user_id, Organization.state != OrgState.deleted.value)
     )
     return int(n or 0)
 

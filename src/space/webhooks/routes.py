@@ -30,7 +30,12 @@ class WebhookController(Controller):
         """Register an endpoint; the answer holds its signing secret, shown this once."""
         settings: Settings = state.settings
         return await service.create_webhook(
-            ctx.uow.session, ctx.org.id, ctx.principal.user_id, data, allow_private=settings.webhook_allow_private
+            ctx.uow.session,
+            ctx.org.id,
+            ctx.principal.user_id,
+            data,
+            allow_private=settings.webhook_allow_private,
+            limit=settings.webhooks_per_org,
         )
 
     @get("/")

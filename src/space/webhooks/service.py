@@ -16,7 +16,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.db import UnitOfWork
-from space.errors import NotFound
+from space.errors import NotFound, WebhookLimitReached
 from space.orgs import service as orgs
 from space.webhooks import guard
 from space.webhooks.models import EventType, WebhookAttempt, WebhookDelivery, WebhookEndpoint
@@ -39,13 +39,27 @@ def _out(endpoint: WebhookEndpoint) -> Webhook:
 
 
 async def create_webhook(
-    session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID, data: WebhookCreate, *, allow_private: bool
+    session: AsyncSession,
+    org_id: uuid.UUID,
+    actor_id: uuid.UUID,
+    data: WebhookCreate,
+    *,
+    allow_private: bool,
+    limit: int,
 ) -> WebhookCreated:
-    """Check the URL (after DNS resolution), then, under the org lock, the caller's role; store it with a new secret."""
+    """Check the URL (after DNS resolution), then, under the org lock, the caller's role and the org's endpoint
+    count (at most `limit`); store it with a new secret."""
     # The lookup runs before the lock: a slow resolver must not hold the org's lock.
     await guard.resolve(data.url, allow_private=allow_private)
     await orgs.lock_org(session, org_id)
     await orgs.authority(session, org_id, actor_id, orgs.MANAGERS)
+    # Counted under the org lock: two concurrent creates can't both take the last place. Every event is owed to
+    # every endpoint, so the count bounds what one org's event costs the outbound lane.
+    count = await session.scalar(
+        select(func.count()).select_from(WebhookEndpoint).where(WebhookEndpoint.org_id == org_id)
+    )
+    if (count or 0) >= limit:
+        raise WebhookLimitReached(f"This organization has {count} webhook endpoints; at most {limit} are allowed.")
     endpoint = WebhookEndpoint(
         id=uuid.uuid4(),
         org_id=org_id,
