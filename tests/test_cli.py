@@ -71,18 +71,38 @@ def test_space_up_answers_health_and_stops(owner_url: str) -> None:
     assert proc.returncode == 0, proc.stdout.read().decode() if proc.stdout else ""
 
 
-async def test_demo_makes_two_orgs_with_every_role(owner_url: str, api: Api) -> None:
+async def _demo(owner_url: str) -> dict[tuple[str, str], str]:
+    """Run `space demo` as a user does; its lines `  <org> <what> ... <value>` by (org, what)."""
     proc = await asyncio.create_subprocess_exec(
         SPACE, "demo", "--tickets", "50", "--tasks", "10", env=_env(owner_url), stdout=PIPE, stderr=PIPE
     )
     stdout, stderr = await proc.communicate()
     assert proc.returncode == 0, stderr.decode()
     rows = [line.split() for line in stdout.decode().splitlines() if line.startswith("  ")]
-    assert {(r[0], r[1]) for r in rows} >= {("North", "owner"), ("South", "customer2")}
-    north_owner = next(r[3] for r in rows if r[:2] == ["North", "owner"])
-    r = await api.client.get("/orgs", headers={"Authorization": f"Bearer {north_owner}"})
-    names = [o["name"] for o in r.json()["items"]]
-    assert "North" in names and "South" not in names
+    return {(r[0], r[1]): r[-1] for r in rows}
+
+
+async def test_demo_makes_two_orgs_with_every_role_once_however_often_it_runs(owner_url: str, api: Api) -> None:
+    first = await _demo(owner_url)
+    assert {("North", "owner"), ("South", "customer2"), ("North", "org"), ("South", "org")} <= set(first)
+    north = {"Authorization": f"Bearer {first['North', 'owner']}"}
+    r = await api.client.get("/orgs", headers=north)
+    assert [(o["id"], o["name"]) for o in r.json()["items"]] == [(first["North", "org"], "North")]
+    me = (await api.client.get("/me", headers=north)).json()
+
+    again = await _demo(owner_url)
+    # The same orgs and people: the ids printed again, and new tokens of the same users.
+    assert again.keys() == first.keys()
+    assert (again["North", "org"], again["South", "org"]) == (first["North", "org"], first["South", "org"])
+    north = {"Authorization": f"Bearer {again['North', 'owner']}"}
+    assert again["North", "owner"] != first["North", "owner"]
+    assert (await api.client.get("/me", headers=north)).json() == me
+    r = await api.client.get("/orgs", headers=north)
+    assert [o["name"] for o in r.json()["items"]] == ["North"]
+    members = (await api.client.get(f"/orgs/{again['North', 'org']}/members", headers=north)).json()["items"]
+    assert sorted(m["role"] for m in members) == ["admin", "customer", "customer", "member", "owner"]
+    tickets = await api.client.get(f"/orgs/{again['North', 'org']}/tickets?pageSize=1", headers=north)
+    assert tickets.json()["total"] == 50, "the second run added no rows"
 
 
 class _running:

@@ -447,27 +447,41 @@ def orgs_purge_due() -> None:
 )
 @click.option("--tasks", "n_tasks", default=60, show_default=True, help="Tasks per org (set-based: 1,000,000 is fine).")
 def demo(n_tickets: int, n_tasks: int) -> None:
-    """Fill the database with orgs North and South, a person of every role each, and print their tokens."""
+    """Make orgs North and South (once: a second run keeps them), a person of every role each; print ids and tokens.
+
+    Every value is the last field of its line, found by the first two: `awk '$1=="North" && $2=="org" {print $NF}'`
+    gives North's id, `awk '$1=="North" && $2=="owner" {print $NF}'` its owner's token."""
     from rich.progress import Progress
 
-    from space.demo import seed_org
+    from space.demo import DemoOrg, demo_org
 
-    async def go(db: Any) -> list[Any]:
+    async def go(db: Any) -> list[DemoOrg]:
         with Progress(transient=True) as bar:
             task = bar.add_task("seeding", total=2 * (n_tickets + n_tasks))
             # Both orgs at once: bulk inserts are CPU work for the database, and it has more than one core.
-            seeded = await asyncio.gather(
-                *(
-                    seed_org(db, name, tickets=n_tickets, tasks=n_tasks, progress=lambda n: bar.advance(task, n))
-                    for name in ("North", "South")
+            return list(
+                await asyncio.gather(
+                    *(
+                        demo_org(db, name, tickets=n_tickets, tasks=n_tasks, progress=lambda n: bar.advance(task, n))
+                        for name in ("North", "South")
+                    )
                 )
             )
-        return [p for people in seeded for p in people]
 
-    people = _run_admin(go)
-    click.echo(f"created orgs North and South with {n_tickets} tickets and {n_tasks} tasks each; tokens:")
-    for p in people:
-        click.echo(f"  {p.org:<6} {p.role:<10} {p.email:<28} {p.token}")
+    orgs = _run_admin(go)
+    made = [o.name for o in orgs if o.created]
+    kept = [o.name for o in orgs if not o.created]
+    if made:
+        click.echo(f"created {' and '.join(made)} with {n_tickets} tickets and {n_tasks} tasks each")
+    if kept:
+        click.echo(f"kept {' and '.join(kept)} from an earlier `space demo` (its data as it is now)")
+    click.echo("orgs:")
+    for o in orgs:
+        click.echo(f"  {o.name:<6} {'org':<10} {o.id}")
+    click.echo("tokens (new ones each run; earlier ones still work):")
+    for o in orgs:
+        for p in o.people:
+            click.echo(f"  {p.org:<6} {p.role:<10} {p.email:<28} {p.token}")
 
 
 def _run_admin(fn: Callable[[Any], Awaitable[T]]) -> T:

@@ -12,11 +12,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from space.auth import service as auth
 from space.db import Database, Tenant, UnitOfWork
-from space.orgs.models import Membership, Organization, Role
+from space.errors import NotFound
+from space.orgs.models import Membership, Organization, OrgState, Role
 from space.tickets.models import TicketCounter
 
 # Titles that break naive CSV writers and spreadsheets: commas, quotes, newlines, formula starts.
@@ -52,6 +53,17 @@ class DemoUser:
     role: str
     email: str
     token: str
+    org_id: uuid.UUID
+
+
+@dataclass
+class DemoOrg:
+    """A demo org, whether this run made it (`created`) or found it, and its people with fresh tokens."""
+
+    name: str
+    id: uuid.UUID
+    created: bool
+    people: list[DemoUser]
 
 
 async def _user(db: Database, email: str, name: str) -> tuple[uuid.UUID, str]:
@@ -59,6 +71,56 @@ async def _user(db: Database, email: str, name: str) -> tuple[uuid.UUID, str]:
         user = await auth.ensure_user(uow.session, email, name)
         token = await auth.issue_token(uow.session, user.id)
     return user.id, token
+
+
+def _email(org: str, key: str) -> str:
+    return f"{key}@{org.lower()}.example"
+
+
+async def _person(db: Database, org: str, key: str, org_id: uuid.UUID) -> tuple[DemoUser, uuid.UUID]:
+    """The demo person `key` of `org` (created the first time) with a fresh token."""
+    email = _email(org, key)
+    uid, token = await _user(db, email, f"{org} {key.capitalize()}")
+    return DemoUser(org, key, email, token, org_id), uid
+
+
+async def _earlier_demo_org(db: Database, name: str) -> uuid.UUID | None:
+    """The org `name` an earlier run made: its demo owner owns an org of that name that is not deleted."""
+    async with UnitOfWork(db.sessionmaker) as uow:
+        try:
+            owner = await auth.user_by_email(uow.session, _email(name, "owner"))
+        except NotFound:
+            return None
+    # RLS shows a user the orgs they are a member of: the owner's tenant context finds theirs.
+    async with UnitOfWork(db.sessionmaker, Tenant(user_id=owner.id)) as uow:
+        found: uuid.UUID | None = await uow.session.scalar(
+            select(Organization.id)
+            .join(Membership, Membership.org_id == Organization.id)
+            .where(
+                Membership.user_id == owner.id,
+                Membership.role == Role.owner.value,
+                Organization.name == name,
+                Organization.state != OrgState.deleted.value,
+            )
+            .order_by(Organization.created_at, Organization.id)
+            .limit(1)
+        )
+    return found
+
+
+async def demo_org(db: Database, name: str, *, tickets: int, tasks: int, progress: Progress | None = None) -> DemoOrg:
+    """The demo org `name`: the one an earlier run made, untouched, or a new one seeded; fresh tokens either way.
+
+    `space demo` run twice gives the same orgs and people, not a second North (runs at the same moment may still
+    both create it: a demo is not a concurrent workload)."""
+    org_id = await _earlier_demo_org(db, name)
+    if org_id is None:
+        people = await seed_org(db, name, tickets=tickets, tasks=tasks, progress=progress)
+        return DemoOrg(name, people[0].org_id, True, people)
+    found = [(await _person(db, name, key, org_id))[0] for key, _role in ROLES]
+    if progress:
+        progress(tickets + tasks)
+    return DemoOrg(name, org_id, False, found)
 
 
 async def seed_org(
@@ -73,14 +135,13 @@ async def seed_org(
     """Create org `name` with one person per role, projects, tasks and tickets; return the people's tokens.
 
     `titles` replaces the tricky titles of tasks and tickets (the benchmark's wide rows)."""
-    slug = name.lower()
+    org_id = uuid.uuid4()
     people: dict[str, uuid.UUID] = {}
     out: list[DemoUser] = []
     for key, _role in ROLES:
-        uid, token = await _user(db, f"{key}@{slug}.example", f"{name} {key.capitalize()}")
+        person, uid = await _person(db, name, key, org_id)
         people[key] = uid
-        out.append(DemoUser(name, key, f"{key}@{slug}.example", token))
-    org_id = uuid.uuid4()
+        out.append(person)
     async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
         s = uow.session
         s.add(Organization(id=org_id, name=name, created_by=people["owner"]))

@@ -6,11 +6,11 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable
+from typing import Any
 
-from litestar import Response, get
+from litestar import Request, Response, get
 from litestar.datastructures import State
 from litestar.di import NamedDependency
-from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from space.auth.service import Principal
@@ -84,11 +84,13 @@ async def ready(state: State) -> Response[Readiness]:
 
 
 @get("/metrics", tags=["system"], include_in_schema=False)
-async def metrics_text(state: State) -> Response[bytes]:
-    """Prometheus text: HTTP, export, lease and download metrics, and the queue read from the ledger."""
+async def metrics_text(state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Prometheus text or OpenMetrics (as `Accept` asks): HTTP, export, lease and download metrics, the queue."""
     from space.observability.metrics import render
 
-    return Response(await render(state.db), media_type=CONTENT_TYPE_LATEST, headers={"Cache-Control": "no-store"})
+    body, content_type = await render(state.db, request.headers.get("accept"))
+    # The type goes in as a header: as a media_type Litestar would append a second `charset` to a text/ type.
+    return Response(body, headers={"Content-Type": content_type, "Cache-Control": "no-store"})
 
 
 @get("/me", tags=["system"])

@@ -80,6 +80,7 @@ async def test_create_answers(api: Api, users: UserFactory) -> None:
     export = await create_export(api, org, org.customer, {**CSV, "filters": {"q": "x" * 200, "status": "open"}})
     assert export["scope"] == "own" and export["filters"] == {"q": "x" * 200, "status": "open"}
     assert export["kind"] == "tickets_csv" and export["state"] == "queued" and export["progress"] == 0
+    assert export["delimiter"] == ","
     assert set(export) == {
         "id",
         "kind",
@@ -87,6 +88,7 @@ async def test_create_answers(api: Api, users: UserFactory) -> None:
         "progress",
         "errorCode",
         "filters",
+        "delimiter",
         "scope",
         "createdAt",
         "startedAt",
@@ -103,6 +105,7 @@ async def test_create_answers(api: Api, users: UserFactory) -> None:
 
     await set_org_state(api.users.db, org.id, "suspended")
     export = await create_export(api, org, org.admin, {**CSV, "delimiter": ";"})  # data portability
+    assert export["delimiter"] == ";"
     await set_org_state(api.users.db, org.id, "deleting")
     assert_problem(await api.call("POST", org.path("/exports"), org.owner, json=SNAPSHOT), 409, "org_deleting")
 

@@ -6,8 +6,10 @@ import logging
 import socket
 import uuid
 
+import httpx
 import pytest
 from litestar.testing import AsyncTestClient
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from space.config import Settings
 from space.db import Database
@@ -154,3 +156,56 @@ async def test_a_second_worker_on_a_taken_metrics_port_runs_without_it(
             server.start(db)  # no exception: the worker goes on building exports
         server.stop()
     assert any("SPACE_WORKER_METRICS_PORT" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def _one_charset(content_type: str) -> list[str]:
+    """The parameters of a Content-Type, each once: Prometheus 3 refuses a type with a repeated parameter."""
+    params = [p.strip().split("=", 1)[0].lower() for p in content_type.split(";")[1:]]
+    assert len(params) == len(set(params)) and params.count("charset") == 1, content_type
+    return params
+
+
+def _assert_openmetrics(content_type: str, body: str) -> None:
+    assert content_type.startswith("application/openmetrics-text; version=1.0.0;"), content_type
+    assert "charset=utf-8" in content_type
+    _one_charset(content_type)
+    # A complete OpenMetrics exposition: the parser refuses one without its `# EOF` line.
+    families = {f.name for f in text_string_to_metric_families(body)}
+    assert body.endswith("# EOF\n") and "space_exports" in families, sorted(families)
+
+
+async def test_metrics_name_one_charset_and_answer_openmetrics_when_asked(
+    client: AsyncTestClient,  # type: ignore[type-arg]
+) -> None:
+    r = await client.get("/metrics")
+    assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8", r.headers
+    assert "# EOF" not in r.text
+    r = await client.get("/metrics", headers={"Accept": "application/openmetrics-text"})
+    assert r.headers["content-type"] == "application/openmetrics-text; version=1.0.0; charset=utf-8", r.headers
+    _assert_openmetrics(r.headers["content-type"], r.text)
+    # What Prometheus 3 sends: OpenMetrics first, with a version and weights.
+    prometheus = (
+        "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"
+        "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+    )
+    r = await client.get("/metrics", headers={"Accept": prometheus})
+    _assert_openmetrics(r.headers["content-type"], r.text)
+
+
+async def test_the_workers_metrics_answer_alike(db: Database) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = WorkerMetricsServer("127.0.0.1", port)
+    server.start(db)
+    try:
+        # An async client: the server's thread waits for the ledger's query on this event loop.
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            r = await http.get("/metrics")
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+            _one_charset(r.headers["content-type"])
+            r = await http.get("/metrics", headers={"Accept": "application/openmetrics-text"})
+            assert r.headers["content-type"] == "application/openmetrics-text; version=1.0.0; charset=utf-8"
+            _assert_openmetrics(r.headers["content-type"], r.text)
+    finally:
+        server.stop()

@@ -43,6 +43,8 @@ class Export(Output):
     progress: int
     error_code: str | None
     filters: dict[str, Any]
+    delimiter: Literal[",", ";"]
+    """The CSV's column separator (a tickets CSV as requested; an archive's tickets.csv is always `,`)."""
     scope: ExportScope
     created_at: dt.datetime
     started_at: dt.datetime | None

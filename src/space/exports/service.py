@@ -81,6 +81,7 @@ def _fields(job: ExportJob, can_download: bool) -> dict[str, Any]:
         progress=job.progress,
         error_code=job.error_code,
         filters=job.filters or {},
+        delimiter=job.delimiter,
         scope=ExportScope(job.scope),
         created_at=job.created_at,
         started_at=job.started_at,

@@ -13,8 +13,9 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from space.db import Database, UnitOfWork
@@ -106,10 +107,14 @@ LEDGER = LedgerGauges()
 REGISTRY.register(LEDGER)
 
 
-async def render(db: Database) -> bytes:
-    """The Prometheus text of this process, with the queue's numbers read from the ledger now."""
+async def render(db: Database, accept: str | None) -> tuple[bytes, str]:
+    """This process's metrics and their Content-Type, with the queue's numbers read from the ledger now.
+
+    OpenMetrics when `accept` asks for it, else the Prometheus text format: prometheus_client's own choice, the
+    one its HTTP server (the worker's endpoint) makes, so the API and the worker answer a scraper alike."""
     await LEDGER.refresh(db)
-    return generate_latest(REGISTRY)
+    encode, content_type = choose_encoder(accept or "")
+    return encode(REGISTRY), content_type
 
 
 class _RefreshingRegistry(Collector):
