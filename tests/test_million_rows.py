@@ -63,8 +63,8 @@ class Million:
 async def million(owner_url: str) -> AsyncIterator[Million]:
     with fresh_database(owner_url, "space_million", revision="0004") as url:
         async with app_database(url, "space-tests-million-seed") as db:
-            small = await seed_org(db, "Small", tickets=1_000, tasks=200)
-            big = await seed_org(db, "Big", tickets=TICKETS, tasks=TASKS)
+            small = await seed_org(db, "Small", tickets=1_000, tasks=200, record_creator=False)
+            big = await seed_org(db, "Big", tickets=TICKETS, tasks=TASKS, record_creator=False)
             member = next(p for p in big if p.role == "member")
             async with UnitOfWork(db.sessionmaker) as uow:
                 creator = await uow.session.scalar(text("SELECT id FROM users WHERE email = :e"), {"e": member.email})

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import select, text
+from sqlalchemy import insert, select, text
 
 from space.auth import service as auth
 from space.db import Database, Tenant, UnitOfWork
@@ -131,10 +131,12 @@ async def seed_org(
     tasks: int,
     progress: Progress | None = None,
     titles: list[str] | None = None,
+    record_creator: bool = True,
 ) -> list[DemoUser]:
     """Create org `name` with one person per role, projects, tasks and tickets; return the people's tokens.
 
-    `titles` replaces the tricky titles of tasks and tickets (the benchmark's wide rows)."""
+    `titles` replaces the tricky titles of tasks and tickets (the benchmark's wide rows). `record_creator=False`
+    leaves `organizations.created_by` out of the insert, for a database seeded at a revision before 0015."""
     org_id = uuid.uuid4()
     people: dict[str, uuid.UUID] = {}
     out: list[DemoUser] = []
@@ -144,8 +146,8 @@ async def seed_org(
         out.append(person)
     async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
         s = uow.session
-        s.add(Organization(id=org_id, name=name, created_by=people["owner"]))
-        await s.flush()
+        org = {"id": org_id, "name": name} | ({"created_by": people["owner"]} if record_creator else {})
+        await s.execute(insert(Organization).values(org))
         members = {key: Membership(id=uuid.uuid4(), org_id=org_id, user_id=people[key], role=role.value)
                    for key, role in ROLES}  # fmt: skip
         s.add_all(members.values())

@@ -15,8 +15,10 @@ from sqlalchemy import event, text
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.demo import bulk_projects_and_tasks, bulk_tickets
-from space.exports import formats
-from space.exports.formats import _JSON_ROW_BYTES, Batch, Format, Snapshot, TicketsCsv
+from space.exports.formats import snapshot
+from space.exports.formats.base import Batch, Format
+from space.exports.formats.snapshot import _JSON_ROW_BYTES, Snapshot
+from space.exports.formats.tickets_csv import TicketsCsv
 from space.exports.pipeline import run_export
 from space.tickets.filters import TicketFilters, parse_filters
 from tests.exports.fixtures import (
@@ -205,7 +207,7 @@ async def test_wide_task_pages_give_the_json_msgspec_writes(api: Api, db: Databa
     tasks = await _tasks(db, org := await api.org(), titles * 2)
     fmt = Snapshot(uid(org.id), "Acme")
     wide = await _read(db, org.id, fmt, 2, UNBOUNDED)
-    monkeypatch.setattr(formats, "WIDE_ROW_BYTES", UNBOUNDED)  # every page read as text, encoded by msgspec
+    monkeypatch.setattr(snapshot, "WIDE_ROW_BYTES", UNBOUNDED)  # every page read as text, encoded by msgspec
     plain = await _read(db, org.id, fmt, 2, UNBOUNDED)
     data = b"".join(bytes(b.data) for b in wide)
     assert data == b"".join(bytes(b.data) for b in plain)

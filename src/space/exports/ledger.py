@@ -22,7 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import Interval
 
 from space.auth.models import User
-from space.exports.models import ACTIVE_STATES, ExportJob, ExportKind, ExportState
+from space.exports.formats.registry import ExportKind
+from space.exports.models import ACTIVE_STATES, ExportJob, ExportState
 
 ACTIVE = tuple(s.value for s in ACTIVE_STATES)
 REVOKED = "export_revoked"

@@ -24,15 +24,6 @@ class ExportState(enum.StrEnum):
     cancelled = "cancelled"
 
 
-class ExportKind(enum.StrEnum):
-    """What an export produces."""
-
-    snapshot = "snapshot"
-    tickets_csv = "tickets_csv"
-    archive = "archive"
-    """One ZIP of the snapshot, every ticket as CSV, a manifest and the snapshot's schema (SPEC §13)."""
-
-
 class ExportScope(enum.StrEnum):
     """`own`: only the creator's tickets (customers); `team`: what staff see. Fixed at creation."""
 

@@ -27,11 +27,11 @@ from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork, server_version
 from space.errors import NotFound
 from space.exports import ledger
-from space.exports.archive import Archive
 from space.exports.failures import Deferred, ExportFailure, LeaseLost
-from space.exports.formats import Batch, Format, Snapshot, TicketsCsv
+from space.exports.formats.base import Batch, Format
+from space.exports.formats.registry import KINDS, ExportKind
 from space.exports.lease import HAND_BACK_SECONDS, Built, Lease
-from space.exports.models import ExportKind, ExportScope, ExportState
+from space.exports.models import ExportScope, ExportState
 from space.exports.storage.chunks import ChunkWriter
 from space.exports.storage.protocol import ResultStore
 from space.observability import logs, metrics
@@ -271,14 +271,8 @@ def progress_of(rows: int, total: int) -> int:
 
 
 async def _format(session: AsyncSession, lease: Lease, membership_id: uuid.UUID) -> Format:
-    if lease.kind == ExportKind.snapshot:
-        # Read inside the snapshot transaction, like every other byte of the file.
-        return Snapshot(lease.org_id, await orgs.org_name(session, lease.org_id))
-    if lease.kind == ExportKind.archive:
-        return Archive(lease.org_id, await orgs.org_name(session, lease.org_id))
-    # Own scope: the creator condition beside RLS lets the (org_id, creator_id, number) index serve it.
-    creator = lease.creator_id if lease.scope is ExportScope.own else None
-    return TicketsCsv.from_stored(lease.org_id, lease.filters, membership_id, lease.delimiter, creator)
+    # Opened inside the snapshot transaction: whatever a kind reads to begin is part of the snapshot too.
+    return await KINDS[ExportKind(lease.kind)].open(session, lease, membership_id)
 
 
 async def _bound_transaction(session: AsyncSession, settings: Settings) -> None:

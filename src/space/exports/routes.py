@@ -22,8 +22,8 @@ from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.errors import InvalidRequest, LinkInvalid
 from space.exports import service
-from space.exports.archive import manifest_schema, snapshot_schema
 from space.exports.downloads import DownloadSlots, no_referrer_for_links, respond
+from space.exports.formats.archive import manifest_schema, snapshot_schema
 from space.exports.links import LinkGrant, LinkSigner
 from space.exports.schemas import Export, ExportCreate, Link, OrgExport
 from space.exports.storage.protocol import ResultStore

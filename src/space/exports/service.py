@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import msgspec
 from saq import Queue
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -36,20 +35,11 @@ from space.errors import (
     RateLimited,
 )
 from space.exports import ledger, outcomes
+from space.exports.formats.registry import KINDS, ExportKind, kind_of
 from space.exports.links import LinkGrant, LinkSigner
-from space.exports.models import FAILED_STATES, ExportJob, ExportKind, ExportScope, ExportState
+from space.exports.models import FAILED_STATES, ExportJob, ExportScope, ExportState
 from space.exports.queue import enqueue_quietly
-from space.exports.schemas import (
-    STAFF_ONLY,
-    ArchiveRequest,
-    Export,
-    ExportCreate,
-    ExportCreator,
-    Link,
-    OrgExport,
-    SnapshotRequest,
-    TicketsCsvRequest,
-)
+from space.exports.schemas import Export, ExportCreate, ExportCreator, Link, OrgExport
 from space.exports.storage.protocol import Redirecting, ResultKey, ResultMissing, ResultStore
 from space.orgs import service as orgs
 from space.orgs.models import Membership, Organization, OrgState, Role
@@ -140,7 +130,8 @@ async def create_export(
     if membership is None:
         raise NotFound()
     role = Role(membership.role)
-    if isinstance(data, STAFF_ONLY) and not role.is_staff:
+    kind = kind_of(data)
+    if not KINDS[kind].customers and not role.is_staff:
         raise Forbidden("Snapshots and archives are for staff; customers can export their tickets as CSV.")
     # Before the rate limits: a full quota needs the caller to act (delete results); waiting would not help.
     await _within_quota(session, org.id, settings.org_result_quota_bytes)
@@ -164,11 +155,12 @@ async def create_export(
             id=uuid.uuid4(),
             org_id=org.id,
             creator_id=user_id,
-            kind=_kind(data).value,
+            kind=kind.value,
             state=ExportState.queued.value,
-            # An archive's CSV holds every ticket with `,` (SPEC §13): no filters, the default delimiter.
-            filters=msgspec.to_builtins(data.filters) if isinstance(data, TicketsCsvRequest) else {},
-            delimiter=data.delimiter if isinstance(data, TicketsCsvRequest) else ",",
+            # What the request fixes: a tickets_csv's filters and delimiter; none and `,` for the kinds that read
+            # the whole org (an archive's CSV holds every ticket with `,`, SPEC §13).
+            filters=data.ledger_filters(),
+            delimiter=data.ledger_delimiter(),
             scope=(ExportScope.team if role.is_staff else ExportScope.own).value,
         ),
     )
@@ -192,14 +184,6 @@ async def create_export(
 
         uow.after_commit(enqueue)
     return export_out(job, can_download=False)
-
-
-def _kind(data: ExportCreate) -> ExportKind:
-    if isinstance(data, SnapshotRequest):
-        return ExportKind.snapshot
-    if isinstance(data, ArchiveRequest):
-        return ExportKind.archive
-    return ExportKind.tickets_csv
 
 
 def _rate_limit(usage: ledger.Usage, limit: int, detail: str) -> None:
@@ -416,22 +400,13 @@ class Download:
 
     @property
     def content_type(self) -> str:
-        """The full Content-Type header."""
-        return _CONTENT_TYPES[self.kind]
+        """The full Content-Type header (HEAD answers set it themselves: Litestar leaves it off them)."""
+        return KINDS[self.kind].media_type
 
     @property
     def filename(self) -> str:
         """Server-made file name, never user text."""
-        return f"space-export-{self.export_id}.{_EXTENSIONS[self.kind]}"
-
-
-# Whole headers: HEAD answers set Content-Type themselves (Litestar leaves it off them).
-_CONTENT_TYPES = {
-    ExportKind.snapshot: "application/json",
-    ExportKind.tickets_csv: "text/csv; charset=utf-8",
-    ExportKind.archive: "application/zip",
-}
-_EXTENSIONS = {ExportKind.snapshot: "json", ExportKind.tickets_csv: "csv", ExportKind.archive: "zip"}
+        return f"space-export-{self.export_id}.{KINDS[self.kind].extension}"
 
 
 async def open_result(

@@ -1,4 +1,4 @@
-"""The complete archive (SPEC §13): one ZIP of the snapshot, every ticket as CSV, a manifest and a schema.
+"""The `archive` kind, the complete archive (SPEC §13): one ZIP of the snapshot, every ticket as CSV, a manifest and a schema.
 
 The ZIP's structures are written by zipstream-ng (see docs/decisions.md "Archive"): members are stored (no
 compression) with a data descriptor, so each is streamed as it is read, never held whole. A member whose
@@ -34,7 +34,9 @@ import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession
 from zipstream import ZIP_STORED, ZipStream
 
-from space.exports.formats import BATCH_BYTES, Batch, Format, Id, Snapshot, SnapshotDocument, Stamp, TicketsCsv, rfc3339
+from space.exports.formats.base import BATCH_BYTES, Batch, ExportRequest, Format, Order, org_name, rfc3339
+from space.exports.formats.snapshot import Id, Snapshot, SnapshotDocument, Stamp
+from space.exports.formats.tickets_csv import TicketsCsv
 from space.tickets.filters import TicketFilters
 
 SNAPSHOT_MEMBER = "snapshot.json"
@@ -44,6 +46,15 @@ MANIFEST_MEMBER = "manifest.json"
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 _INLINE_HASH_BYTES = 64 * 1024
 """Smaller pieces are hashed in the event loop; larger ones in a thread (hashlib lets go of the GIL)."""
+
+
+class ArchiveRequest(ExportRequest, tag="archive"):
+    """`{"kind": "archive"}`: one ZIP with the snapshot, every ticket, a manifest and schemas (staff only)."""
+
+
+async def open_archive(session: AsyncSession, order: Order, membership_id: uuid.UUID) -> Archive:
+    """The org's archive (its name read in the snapshot); its CSV holds every ticket, whatever the order says."""
+    return Archive(order.org_id, await org_name(session, order.org_id))
 
 
 class ManifestFile(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):

@@ -1,0 +1,57 @@
+"""Every export kind, one row each: its request, its media type and extension, who may request it, how the worker
+opens its format. The service, the create route's request union and the worker read this table; nothing else
+branches on a kind.
+
+A new kind is a module (its request, its format and its opener) and a row here: its name in `ExportKind` and its
+`Kind`. `export_jobs.kind` is constrained by a CHECK (migrations 0001, 0010), so a new kind also needs a
+migration that admits its name (tests/exports/test_kinds.py compares the two).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from space.exports.formats.archive import ArchiveRequest, open_archive
+from space.exports.formats.base import ExportRequest, Opener
+from space.exports.formats.snapshot import SnapshotRequest, open_snapshot
+from space.exports.formats.tickets_csv import TicketsCsvRequest, open_tickets_csv
+
+
+class ExportKind(enum.StrEnum):
+    """What an export produces."""
+
+    snapshot = "snapshot"
+    tickets_csv = "tickets_csv"
+    archive = "archive"
+    """One ZIP of the snapshot, every ticket as CSV, a manifest and the snapshot's schema (SPEC §13)."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One export kind: `request` is its create body (tagged with its name); `media_type` the whole Content-Type
+    of its result; `customers`: whether a customer may request it (else staff only, SPEC §5); `open` builds its
+    format in the worker's snapshot transaction."""
+
+    request: type[ExportRequest]
+    media_type: str
+    extension: str
+    customers: bool
+    open: Opener
+
+
+# In the order of the create body's union (the OpenAPI document's oneOf).
+KINDS: dict[ExportKind, Kind] = {
+    ExportKind.snapshot: Kind(SnapshotRequest, "application/json", "json", customers=False, open=open_snapshot),
+    ExportKind.tickets_csv: Kind(
+        TicketsCsvRequest, "text/csv; charset=utf-8", "csv", customers=True, open=open_tickets_csv
+    ),
+    ExportKind.archive: Kind(ArchiveRequest, "application/zip", "zip", customers=False, open=open_archive),
+}
+
+_NAMES = {kind.request: name for name, kind in KINDS.items()}
+
+
+def kind_of(request: ExportRequest) -> ExportKind:
+    """The kind a create body asks for."""
+    return _NAMES[type(request)]
