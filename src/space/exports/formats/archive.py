@@ -34,9 +34,10 @@ import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession
 from zipstream import ZIP_STORED, ZipStream
 
-from space.exports.formats.base import BATCH_BYTES, Batch, ExportRequest, Format, Order, org_name, rfc3339
+from space.exports.formats.base import BATCH_BYTES, Batch, ExportRequest, Format, Order, rfc3339
 from space.exports.formats.snapshot import Id, Snapshot, SnapshotDocument, Stamp
 from space.exports.formats.tickets_csv import TicketsCsv
+from space.orgs import service as orgs
 from space.tickets.filters import TicketFilters
 
 SNAPSHOT_MEMBER = "snapshot.json"
@@ -54,7 +55,7 @@ class ArchiveRequest(ExportRequest, tag="archive"):
 
 async def open_archive(session: AsyncSession, order: Order, membership_id: uuid.UUID) -> Archive:
     """The org's archive (its name read in the snapshot); its CSV holds every ticket, whatever the order says."""
-    return Archive(order.org_id, await org_name(session, order.org_id))
+    return Archive(order.org_id, await orgs.org_name(session, order.org_id))
 
 
 class ManifestFile(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):

@@ -23,12 +23,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import BigInteger, ColumnElement, bindparam, select
+from sqlalchemy import BigInteger, ColumnElement, bindparam
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.exports.models import ExportScope
-from space.orgs.models import Organization
 from space.schemas import Input
 
 BATCH_BYTES = 2 * 1024 * 1024
@@ -106,14 +105,6 @@ def bigint_param(name: str) -> ColumnElement[int]:
     # Cast: psycopg sends a Python int as the smallest type that holds it, so one statement would be
     # prepared once per type.
     return sql_cast(bindparam(name), BigInteger)
-
-
-async def org_name(session: AsyncSession, org_id: uuid.UUID) -> str:
-    """The org's name ("" when it is gone), read in the snapshot like every other byte of the file."""
-    # orgs.service's statement, not its function: that service reaches the exports' service, which reads the
-    # registry of these formats.
-    name: str | None = await session.scalar(select(Organization.name).where(Organization.id == org_id))
-    return name or ""
 
 
 class Pace:

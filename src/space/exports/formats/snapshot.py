@@ -33,9 +33,9 @@ from space.exports.formats.base import (
     Order,
     Pace,
     bigint_param,
-    org_name,
     rfc3339,
 )
+from space.orgs import service as orgs
 from space.projects.models import Project, Task
 
 SCHEMA_VERSION = 1
@@ -59,7 +59,7 @@ class SnapshotRequest(ExportRequest, tag="snapshot"):
 
 async def open_snapshot(session: AsyncSession, order: Order, membership_id: uuid.UUID) -> Snapshot:
     """The org's snapshot, its name read inside the snapshot transaction like every other byte of the file."""
-    return Snapshot(order.org_id, await org_name(session, order.org_id))
+    return Snapshot(order.org_id, await orgs.org_name(session, order.org_id))
 
 
 # Timestamps arrive as datetimes (binary, in the snapshot's UTC session) and msgspec writes them as RFC 3339
