@@ -22,6 +22,7 @@ from space.exports.jobs import run_export_job
 from space.exports.lease import Built, Lease
 from space.exports.maintenance import cleanup, reconcile
 from space.exports.pipeline import publish, run_export
+from space.exports.formats.registry import ExportKind
 from space.exports.queue import RUN_EXPORT, export_job
 from space.exports.storage.postgres import PgResultStore
 from space.exports.storage.protocol import ResultKey
@@ -228,7 +229,7 @@ async def test_queue_report_failing_after_commit_keeps_the_result(
     await _drop_queue_entry(owner_url, eid)
     queue = PostgresQueue(url=queue_conninfo(owner_url), name=f"test-{uuid.uuid4().hex[:8]}", min_size=1, max_size=4)
     await queue.connect()
-    assert await queue.enqueue(export_job(settings, eid, oid)) is not None
+    assert await queue.enqueue(export_job(settings, eid, oid, ExportKind.tickets_csv)) is not None
 
     async def run_then_lose_the_queue(ctx: Any, **kwargs: Any) -> str:
         # The real job; then the broker goes away before SAQ records the result.
