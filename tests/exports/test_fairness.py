@@ -20,10 +20,10 @@ from saq.job import Status
 from space.config import Settings
 from space.db import Database
 from space.db.locks import ORG_CLAIMS
+from space.exports.formats.registry import ExportKind
 from space.exports.jobs import wake_after_export_job
 from space.exports.lease import Lease
 from space.exports.pipeline import run_export
-from space.exports.formats.registry import ExportKind
 from space.exports.queue import enqueue_export
 from space.queue import open_queue
 from space.worker import run_worker

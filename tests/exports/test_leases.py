@@ -18,11 +18,11 @@ from sqlalchemy import text
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork, queue_conninfo
 from space.exports.failures import LeaseLost
+from space.exports.formats.registry import ExportKind
 from space.exports.jobs import run_export_job
 from space.exports.lease import Built, Lease
 from space.exports.maintenance import cleanup, reconcile
 from space.exports.pipeline import publish, run_export
-from space.exports.formats.registry import ExportKind
 from space.exports.queue import RUN_EXPORT, export_job
 from space.exports.storage.postgres import PgResultStore
 from space.exports.storage.protocol import ResultKey

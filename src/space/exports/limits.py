@@ -51,7 +51,8 @@ class Limits:
         total = sum(counts.values())
         if total > self.rows:
             raise self._failure(
-                "too_many_rows", f"{total} rows exceed the limit of {self.rows} rows per {self.noun} ({self.settings[0]})."
+                "too_many_rows",
+                f"{total} rows exceed the limit of {self.rows} rows per {self.noun} ({self.settings[0]}).",
             )
 
     def too_large(self) -> ExportFailure:
