@@ -4,6 +4,7 @@ errors, validation, database timeouts and the unexpected, each mapped to the one
 from __future__ import annotations
 
 import logging
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -12,7 +13,7 @@ import psycopg
 import psycopg.errors
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
-from litestar.types import ExceptionHandlersMap
+from litestar.types import ASGIApp, ExceptionHandlersMap, Receive, Scope, Send
 from sqlalchemy.exc import DBAPIError
 
 from space.errors import TIMEOUT_RETRY_AFTER, InvalidRequest, NotFound, QueryTimeout, SpaceError
@@ -148,3 +149,23 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     psycopg.Error: _database_error,
     Exception: _unexpected,
 }
+
+
+# A control character (NUL above all) or U+FFFD (what the server made of bytes that are not UTF-8) in a decoded path.
+_UNREADABLE_PATH = re.compile("[\x00-\x1f\x7f\ufffd]")
+
+
+def refuse_unreadable_paths(app: ASGIApp) -> ASGIApp:
+    """ASGI middleware: a path with a NUL, another control character or an invalid byte is answered 404 (no route
+    has one) before any route, file lookup or authentication sees it: the static files' `stat` raises on a NUL."""
+    body = msgspec.json.encode(Problem(status=404, title=NotFound.title, detail=NotFound.title, code=NotFound.code))
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _UNREADABLE_PATH.search(scope["path"]):
+            await app(scope, receive, send)
+            return
+        headers = [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 404, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+
+    return middleware
