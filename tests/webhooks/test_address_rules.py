@@ -39,7 +39,9 @@ def test_ipv6_forms_that_carry_ipv4_and_site_local_are_not_public(address: str) 
     assert guard.is_public(ipaddress.ip_address(address)) is False
 
 
-@pytest.mark.parametrize("address", ["2606:2800:220:1:248:1893:25c8:1946", "2a00:1450:4001:82a::200e", "::ffff:5db8:d822"])
+@pytest.mark.parametrize(
+    "address", ["2606:2800:220:1:248:1893:25c8:1946", "2a00:1450:4001:82a::200e", "::ffff:5db8:d822"]
+)
 def test_public_ipv6_stays_public(address: str) -> None:
     # The neighbours of the refused ranges are not caught by them.
     assert guard.is_public(ipaddress.ip_address(address)) is True

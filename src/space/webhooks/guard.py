@@ -136,10 +136,9 @@ async def resolve(url: str, *, allow_private: bool) -> Destination:
     except ValueError:
         addresses = await _lookup(host, port, allow_private=allow_private)
         literal = False
-    if not allow_private:
-        # Every address must pass: a client may connect to any of them.
-        if not all(is_public(address) for address in addresses):
-            raise not_allowed(host, literal=literal)
+    # Every address must pass: a client may connect to any of them.
+    if not allow_private and not all(is_public(address) for address in addresses):
+        raise not_allowed(host, literal=literal)
     return Destination(scheme, host, port, target, addresses)
 
 
@@ -167,7 +166,14 @@ _URL = re.compile(r"(?i)\bhttps?://[^\s\"'<>]+")
 
 def without_paths(text: str) -> str:
     """`text` with every http(s) URL in it cut to `loggable` form."""
-    return _URL.sub(lambda m: loggable(m.group(0)), text)
+
+    def cut(match: re.Match[str]) -> str:
+        url = match.group(0)
+        # Punctuation that ends the URL most likely ends the sentence: it stays (a URL inside keeps none of it).
+        tail = url[len(url.rstrip(".,;:!?)")) :]
+        return loggable(url) + tail
+
+    return _URL.sub(cut, text)
 
 
 class UrlsAsLoggable(logging.Filter):
