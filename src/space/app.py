@@ -56,6 +56,7 @@ def create_app(settings: Settings) -> Litestar:
             app_url(owner_url, settings.app_database_url),
             application_name="space-api",
             server_settings=api_server_settings(settings),
+            pool_timeout=settings.api_pool_timeout_seconds,
         )
         app.state.db = db
         app.state.settings = settings

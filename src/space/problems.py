@@ -15,8 +15,17 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ASGIApp, ExceptionHandlersMap, Receive, Scope, Send
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from space.errors import TIMEOUT_RETRY_AFTER, InvalidRequest, NotFound, QueryTimeout, SpaceError
+from space.errors import (
+    TIMEOUT_RETRY_AFTER,
+    UNAVAILABLE_RETRY_AFTER,
+    InvalidRequest,
+    NotFound,
+    QueryTimeout,
+    SpaceError,
+    Unavailable,
+)
 
 log = logging.getLogger("space")
 
@@ -122,6 +131,22 @@ _DECODERS = frozenset({"decode_json", "decode_msgpack"})
 _TIMEOUTS = (psycopg.errors.QueryCanceled, psycopg.errors.IdleInTransactionSessionTimeout)
 
 
+# SQLSTATE classes of a server that can't take the request now: 08 connection exception, 53 insufficient resources
+# (too many connections, out of memory, disk full), 57P shutting down, starting up, database dropped.
+_UNAVAILABLE_SQLSTATES = ("08", "53", "57P")
+
+
+def _unavailable(cause: BaseException) -> bool:
+    """Whether `cause` says the database had no connection to give (not that the request was wrong)."""
+    if isinstance(cause, PoolTimeout):
+        return True
+    if not isinstance(cause, psycopg.OperationalError):
+        return False
+    # No SQLSTATE: no server answered at all (refused, reset, closed), or it refused the connection itself
+    # ("too many connections for role" comes as a connection failure, without one).
+    return cause.sqlstate is None or cause.sqlstate.startswith(_UNAVAILABLE_SQLSTATES)
+
+
 def _database_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Problem]:
     # SQLAlchemy wraps the driver's error (DBAPIError.orig); statements run on the driver connection raise it bare.
     cause = exc.orig if isinstance(exc, DBAPIError) else exc
@@ -132,6 +157,16 @@ def _database_error(request: Request[Any, Any, Any], exc: Exception) -> Response
             headers={"Retry-After": str(TIMEOUT_RETRY_AFTER)},
         )
         return _space_error(request, timeout)
+    if _unavailable(cause):
+        # The operator needs the reason (which server, what it said); the client only that it may try again.
+        log.warning(
+            "database unavailable: %s: %s", type(cause).__name__, str(cause).splitlines()[0] if str(cause) else ""
+        )
+        unavailable = Unavailable(
+            "The database can't take this request now; try again shortly.",
+            headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER)},
+        )
+        return _space_error(request, unavailable)
     return _unexpected(request, exc)
 
 
@@ -147,6 +182,7 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     RecursionError: _recursion_error,
     DBAPIError: _database_error,
     psycopg.Error: _database_error,
+    PoolTimeout: _database_error,
     Exception: _unexpected,
 }
 
