@@ -12,8 +12,17 @@ import msgspec
 import psycopg
 import psycopg.errors
 from litestar import Request, Response
+from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException, ValidationException
-from litestar.types import ASGIApp, ExceptionHandlersMap, Receive, Scope, Send
+from litestar.types import (
+    ASGIApp,
+    ExceptionHandlersMap,
+    HTTPResponseBodyEvent,
+    HTTPResponseStartEvent,
+    Receive,
+    Scope,
+    Send,
+)
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
@@ -136,7 +145,7 @@ _TIMEOUTS = (psycopg.errors.QueryCanceled, psycopg.errors.IdleInTransactionSessi
 _UNAVAILABLE_SQLSTATES = ("08", "53", "57P")
 
 
-def _unavailable(cause: BaseException) -> bool:
+def _unavailable(cause: BaseException | None) -> bool:
     """Whether `cause` says the database had no connection to give (not that the request was wrong)."""
     if isinstance(cause, PoolTimeout):
         return True
@@ -197,11 +206,14 @@ def refuse_unreadable_paths(app: ASGIApp) -> ASGIApp:
     body = msgspec.json.encode(Problem(status=404, title=NotFound.title, detail=NotFound.title, code=NotFound.code))
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _UNREADABLE_PATH.search(scope["path"]):
+        if scope["type"] != ScopeType.HTTP or not _UNREADABLE_PATH.search(scope["path"]):
             await app(scope, receive, send)
             return
         headers = [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 404, "headers": headers})
-        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+        start: HTTPResponseStartEvent = {"type": "http.response.start", "status": 404, "headers": headers}
+        await send(start)
+        head = scope["method"] == "HEAD"
+        end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": b"" if head else body, "more_body": False}
+        await send(end)
 
     return middleware
