@@ -21,7 +21,7 @@ from space.exports.routes import ExportController, manifest_schema_route, snapsh
 from space.exports.storage.factory import open_result_store
 from space.observability.requests import HTTP_METRICS, request_ids
 from space.orgs.routes import router as orgs_router
-from space.problems import EXCEPTION_HANDLERS
+from space.problems import EXCEPTION_HANDLERS, refuse_unreadable_paths
 from space.projects.routes import router as projects_router
 from space.queue import open_queue
 from space.system import health, me, metrics_text, ready
@@ -56,6 +56,7 @@ def create_app(settings: Settings) -> Litestar:
             app_url(owner_url, settings.app_database_url),
             application_name="space-api",
             server_settings=api_server_settings(settings),
+            pool_timeout=settings.api_pool_timeout_seconds,
         )
         app.state.db = db
         app.state.settings = settings
@@ -118,6 +119,7 @@ def create_app(settings: Settings) -> Litestar:
         ),
     )
     # Request ids and request lines wrap everything, the exception handler and the router included (as Litestar's
-    # own OpenTelemetry plugin wraps it): a 401 from a middleware and a 404 of an unknown route get them too.
-    app.asgi_handler = request_ids(app.asgi_handler)
+    # own OpenTelemetry plugin wraps it): a 401 from a middleware and a 404 of an unknown route get them too. Inside
+    # them, a path no route could have (a NUL in it) is answered 404 before anything reads it.
+    app.asgi_handler = request_ids(refuse_unreadable_paths(app.asgi_handler))
     return app

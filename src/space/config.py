@@ -69,6 +69,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Exports of one org that run at once, over all workers."""
     api_statement_timeout_ms: PositiveInt = 5_000
     """statement_timeout of the API's database connections, in milliseconds."""
+    api_pool_timeout_seconds: PositiveFloat = 30.0
+    """Seconds an API request waits for a free pooled database connection; then 503 unavailable."""
     download_concurrency: PositiveInt = 64
     """Downloads one API process streams at once; beyond it, 503 busy."""
     secret_key: SecretKeys | None = None
@@ -134,6 +136,7 @@ ENV_VARS: dict[str, str] = {
     "SPACE_ORG_RESULT_QUOTA_BYTES": "org_result_quota_bytes",
     "SPACE_EXPORT_ORG_CONCURRENCY": "export_org_concurrency",
     "SPACE_API_STATEMENT_TIMEOUT_MS": "api_statement_timeout_ms",
+    "SPACE_API_POOL_TIMEOUT_SECONDS": "api_pool_timeout_seconds",
     "SPACE_DOWNLOAD_CONCURRENCY": "download_concurrency",
     "SPACE_SECRET_KEY": "secret_key",
     "SPACE_DOWNLOAD_LINK_TTL_SECONDS": "download_link_ttl_seconds",

@@ -126,5 +126,13 @@ TIMEOUT_RETRY_AFTER = 5
 """Seconds a client is asked to wait before repeating a request that hit the database's time bound."""
 
 
+class Unavailable(SpaceError):
+    status, code, title = 503, "unavailable", "The database has no connection to spare"
+
+
+UNAVAILABLE_RETRY_AFTER = 5
+"""Seconds a client is asked to wait when the database could not be reached or had no connection to spare."""
+
+
 class Busy(SpaceError):
     status, code, title = 503, "busy", "Too many downloads at once"

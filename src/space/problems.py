@@ -4,6 +4,7 @@ errors, validation, database timeouts and the unexpected, each mapped to the one
 from __future__ import annotations
 
 import logging
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -11,11 +12,29 @@ import msgspec
 import psycopg
 import psycopg.errors
 from litestar import Request, Response
+from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException, ValidationException
-from litestar.types import ExceptionHandlersMap
+from litestar.types import (
+    ASGIApp,
+    ExceptionHandlersMap,
+    HTTPResponseBodyEvent,
+    HTTPResponseStartEvent,
+    Receive,
+    Scope,
+    Send,
+)
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from space.errors import TIMEOUT_RETRY_AFTER, InvalidRequest, NotFound, QueryTimeout, SpaceError
+from space.errors import (
+    TIMEOUT_RETRY_AFTER,
+    UNAVAILABLE_RETRY_AFTER,
+    InvalidRequest,
+    NotFound,
+    QueryTimeout,
+    SpaceError,
+    Unavailable,
+)
 
 log = logging.getLogger("space")
 
@@ -121,6 +140,22 @@ _DECODERS = frozenset({"decode_json", "decode_msgpack"})
 _TIMEOUTS = (psycopg.errors.QueryCanceled, psycopg.errors.IdleInTransactionSessionTimeout)
 
 
+# SQLSTATE classes of a server that can't take the request now: 08 connection exception, 53 insufficient resources
+# (too many connections, out of memory, disk full), 57P shutting down, starting up, database dropped.
+_UNAVAILABLE_SQLSTATES = ("08", "53", "57P")
+
+
+def _unavailable(cause: BaseException | None) -> bool:
+    """Whether `cause` says the database had no connection to give (not that the request was wrong)."""
+    if isinstance(cause, PoolTimeout):
+        return True
+    if not isinstance(cause, psycopg.OperationalError):
+        return False
+    # No SQLSTATE: no server answered at all (refused, reset, closed), or it refused the connection itself
+    # ("too many connections for role" comes as a connection failure, without one).
+    return cause.sqlstate is None or cause.sqlstate.startswith(_UNAVAILABLE_SQLSTATES)
+
+
 def _database_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Problem]:
     # SQLAlchemy wraps the driver's error (DBAPIError.orig); statements run on the driver connection raise it bare.
     cause = exc.orig if isinstance(exc, DBAPIError) else exc
@@ -131,6 +166,16 @@ def _database_error(request: Request[Any, Any, Any], exc: Exception) -> Response
             headers={"Retry-After": str(TIMEOUT_RETRY_AFTER)},
         )
         return _space_error(request, timeout)
+    if _unavailable(cause):
+        # The operator needs the reason (which server, what it said); the client only that it may try again.
+        log.warning(
+            "database unavailable: %s: %s", type(cause).__name__, str(cause).splitlines()[0] if str(cause) else ""
+        )
+        unavailable = Unavailable(
+            "The database can't take this request now; try again shortly.",
+            headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER)},
+        )
+        return _space_error(request, unavailable)
     return _unexpected(request, exc)
 
 
@@ -146,5 +191,29 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     RecursionError: _recursion_error,
     DBAPIError: _database_error,
     psycopg.Error: _database_error,
+    PoolTimeout: _database_error,
     Exception: _unexpected,
 }
+
+
+# A control character (NUL above all) or U+FFFD (what the server made of bytes that are not UTF-8) in a decoded path.
+_UNREADABLE_PATH = re.compile("[\x00-\x1f\x7f\ufffd]")
+
+
+def refuse_unreadable_paths(app: ASGIApp) -> ASGIApp:
+    """ASGI middleware: a path with a NUL, another control character or an invalid byte is answered 404 (no route
+    has one) before any route, file lookup or authentication sees it: the static files' `stat` raises on a NUL."""
+    body = msgspec.json.encode(Problem(status=404, title=NotFound.title, detail=NotFound.title, code=NotFound.code))
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP or not _UNREADABLE_PATH.search(scope["path"]):
+            await app(scope, receive, send)
+            return
+        headers = [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", str(len(body)).encode())]
+        start: HTTPResponseStartEvent = {"type": "http.response.start", "status": 404, "headers": headers}
+        await send(start)
+        head = scope["method"] == "HEAD"
+        end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": b"" if head else body, "more_body": False}
+        await send(end)
+
+    return middleware

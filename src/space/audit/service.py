@@ -210,7 +210,7 @@ def _item(event: AuditEvent, name: str | None) -> AuditItem:
 def client_ip(peer: str | None, forwarded_for: Sequence[str], trusted: Iterable[Network]) -> str | None:
     """The caller's address: the connection's peer, or, when that peer is a trusted proxy, the nearest address in
     `X-Forwarded-For` that is not one (the header's left part is whatever the client chose to send)."""
-    address = _address(peer)
+    address = _address(peer, zone_ok=True)
     if address is None:
         return None
     networks = tuple(trusted)
@@ -219,17 +219,25 @@ def client_ip(peer: str | None, forwarded_for: Sequence[str], trusted: Iterable[
     while hops and _trusted(address, networks):
         hop = _address(hops.pop())
         if hop is None:
-            # A garbled entry: the last address a trusted proxy vouched for is as far as the header is believed.
+            # A garbled entry (a zone, a port, a name): the last address a trusted proxy vouched for is as far as
+            # the header is believed.
             break
         address = hop
     return str(address)
 
 
-def _address(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def _address(text: str | None, *, zone_ok: bool = False) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if not text:
         return None
+    text = text.strip()
+    if "%" in text:
+        # An IPv6 zone ("fe80::1%eth0") names a link of the host that saw the address, and PostgreSQL's inet has no
+        # room for it. The connection's own peer is real, so its zone is dropped; a forwarded one is not believed.
+        if not zone_ok:
+            return None
+        text = text.split("%", 1)[0]
     try:
-        address = ipaddress.ip_address(text.strip())
+        address = ipaddress.ip_address(text)
     except ValueError:
         return None
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:

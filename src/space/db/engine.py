@@ -134,6 +134,8 @@ class Database:
     url: str
     application_name: str = "space"
     pool_size: int = 10
+    pool_timeout: float = 30.0
+    """Seconds a caller waits for a free pooled connection before SQLAlchemy's TimeoutError."""
     server_settings: dict[str, str] = field(default_factory=dict)
     """Session settings every connection starts with (libpq `options`), e.g. the API's statement_timeout."""
     engine: AsyncEngine = field(init=False)
@@ -147,6 +149,7 @@ class Database:
             self.url,
             pool_size=self.pool_size,
             max_overflow=10,
+            pool_timeout=self.pool_timeout,
             pool_pre_ping=True,
             # An error's text (and so a log line) never carries a statement's parameters: a search's `q`,
             # ticket content, token hashes (SPEC §16).

@@ -52,6 +52,13 @@ const PROBLEMS = {
   busy: "The server is busy with other downloads.",
   timeout: "The server took too long to answer.",
   invalid_request: "The request was not accepted",
+  already_member: "That person is already a member of this organization.",
+  webhook_limit_reached: "The organization has as many webhook endpoints as allowed. Remove one before adding another.",
+  rate_limited: "You have asked for many download links just now.",
+  unavailable: "The service cannot reach its database just now.",
+  range_not_satisfiable: "That part of the file does not exist.",
+  payload_too_large: "The request is too large.",
+  internal_error: "Something went wrong on the server.",
 };
 
 export function reason(errorCode) {
