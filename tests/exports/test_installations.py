@@ -227,7 +227,9 @@ async def test_two_installations_on_one_redis_each_run_only_their_own_jobs(
     for name, identity in ids.items():
         for _, _, export_id in exports[name]:
             assert [k for k in keys if export_id in k] == [f"saq:job:{identity.name}:{export_id}"], keys
-    assert all(any(k.startswith((f"saq:{i.name}:", f"saq:job:{i.name}:")) for i in ids.values()) for k in keys), keys
+    # Each installation's two queues: its own and its outbound lane's.
+    names = [q.name for i in ids.values() for q in (i, i.outbound())]
+    assert all(any(k.startswith((f"saq:{n}:", f"saq:job:{n}:")) for n in names) for k in keys), keys
 
 
 @needs_redis
