@@ -39,6 +39,9 @@ from space.webhooks.outbox import DELIVER_WEBHOOK
 
 log = logging.getLogger("space.worker")
 
+OUTBOUND_POOL_SIZE = 4
+"""Database connections the outbound lane keeps open (SQLAlchemy adds up to 10 more while they are all busy)."""
+
 EVERY_MINUTE = "* * * * *"
 EVERY_FIVE_MINUTES = "*/5 * * * *"
 
@@ -75,12 +78,14 @@ def _quiet_put_backs() -> None:
 
 @dataclass(frozen=True)
 class Lanes:
-    """A worker process's two SAQ Workers and the app-role database they share (disposed by `close`, once both
-    have stopped)."""
+    """A worker process's two SAQ Workers and their app-role databases (disposed by `close`, once both have
+    stopped). Each lane has its own pool: outbound claims waiting on an org's lock never hold a connection an
+    export needs."""
 
     exports: Worker[Any]
     outbound: Worker[Any]
     db: Database
+    outbound_db: Database
 
     @property
     def workers(self) -> tuple[Worker[Any], Worker[Any]]:
@@ -88,15 +93,18 @@ class Lanes:
         return (self.exports, self.outbound)
 
     async def close(self) -> None:
-        """Close the app role's pool (after both workers have stopped)."""
-        await self.db.dispose()
+        """Close the app role's pools (after both workers have stopped)."""
+        try:
+            await self.outbound_db.dispose()
+        finally:
+            await self.db.dispose()
 
 
 async def build_workers(
     settings: Settings, *, application_name: str = "space-worker", serve_metrics: bool = False
 ) -> Lanes:
-    """The export and outbound workers of this installation, whose ctx carries `settings`, `db` (app role) and
-    `installation` for every job (the export lane's also `store` and `outbound_queue`); with `serve_metrics`, the
+    """The export and outbound workers of this installation, whose ctx carries `settings`, `db` (app role, a pool
+    per lane) and `installation` for every job (the export lane's also `store` and `outbound_queue`); with `serve_metrics`, the
     export worker serves /metrics on SPACE_WORKER_METRICS_PORT (0: none) while it runs."""
     assert settings.database_url, "the worker needs a database URL"
     db = Database(app_url(settings.database_url, settings.app_database_url), application_name=application_name)
@@ -110,6 +118,8 @@ async def build_workers(
         await db.dispose()
         raise
     _quiet_put_backs()
+    # Short transactions only (a claim, a settle, the sweeper's read): a small pool, overflowing when it must.
+    outbound_db = Database(db.url, application_name=f"{application_name}-outbound", pool_size=OUTBOUND_POOL_SIZE)
     queue = make_queue(
         settings,
         identity,
@@ -133,7 +143,7 @@ async def build_workers(
 
     async def outbound_startup(ctx: Any) -> None:
         ctx["settings"] = settings
-        ctx["db"] = db
+        ctx["db"] = outbound_db
         ctx["installation"] = identity.installation
         ctx["foreign_logged"] = collections.OrderedDict()  # of other installations' jobs, each logged once
         log.info(
@@ -156,7 +166,7 @@ async def build_workers(
     for worker in (exports, outbound):
         # Signals are decided by run_worker: inside `space up` they belong to the API server.
         worker.SIGNALS = []
-    return Lanes(exports, outbound, db)
+    return Lanes(exports, outbound, db, outbound_db)
 
 
 def _export_worker(
