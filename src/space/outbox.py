@@ -214,7 +214,7 @@ class Outbox:
         row = (
             await session.execute(
                 update(t)
-                # Still the attempt this claim read (the row is locked: it is; the fence says so in the statement).
+                # The row is locked, so it still holds the attempt read; naming it keeps the fence in the statement.
                 .where(*this_row, t.attempts == locked.attempts)
                 .values(
                     state=State.sending.value,
