@@ -23,7 +23,7 @@ from space.observability.requests import HTTP_METRICS, request_ids
 from space.orgs.routes import router as orgs_router
 from space.problems import EXCEPTION_HANDLERS, refuse_unreadable_paths
 from space.projects.routes import router as projects_router
-from space.queue import open_queue
+from space.queue import open_outbound_queue, open_queue
 from space.system import health, me, metrics_text, ready
 from space.tickets.routes import router as tickets_router
 from space.web.routes import router as web_router
@@ -63,6 +63,7 @@ def create_app(settings: Settings) -> Litestar:
         app.state.download_slots = DownloadSlots(settings.download_concurrency)
         app.state.trusted_proxies = parse_networks(settings.trusted_proxies)
         queue = None
+        outbound = None
         try:
             # SPEC §14: a role that could see past RLS stops start-up (AppRoleError) before any request.
             async with db.engine.connect() as conn:
@@ -73,11 +74,19 @@ def create_app(settings: Settings) -> Litestar:
             queue = await open_queue(settings, db, application_name="space-api-queue", max_connections=4)
             app.state.queue = queue
             await queue.connect()
+            # What changes owe outward (webhook deliveries, ...) goes onto the outbound lane, never the export queue.
+            outbound = await open_outbound_queue(
+                settings, db, application_name="space-api-outbound-queue", max_connections=4
+            )
+            app.state.outbound_queue = outbound
+            await outbound.connect()
             async with open_result_store(settings, db) as store:
                 app.state.store = store
                 yield
         finally:
             try:
+                if outbound is not None:
+                    await outbound.disconnect()
                 if queue is not None:
                     await queue.disconnect()
             finally:

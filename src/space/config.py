@@ -17,7 +17,8 @@ SecretKeys = Annotated[str, msgspec.Meta(pattern=r"^[^,]{32,}(,[^,]{32,})*$")]
 """One or more comma-separated keys of at least 32 characters each (HMAC-SHA256 wants 32 bytes)."""
 # Letters, digits and . _ - only: the name becomes part of Redis keys and of a PostgreSQL NOTIFY channel
 # (`saq:<name>`, an identifier of at most 63 bytes: longer names would be cut short and could meet).
-QueueName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,59}$")]
+# At most 50: the outbound lane's queue is `<name>-outbound` (space.queue), and that name must fit too.
+QueueName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,50}$")]
 # `postgres`, or `s3://` and a valid bucket name (3-63 lowercase letters, digits, dots, hyphens), then an optional
 # `/prefix` of path segments.
 ResultStoreUrl = Annotated[
@@ -104,6 +105,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Bound on a complete archive's read transaction, in seconds (the archive's own export_timeout_seconds)."""
     trusted_proxies: str = ""
     """Comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client (audit `ip`)."""
+    outbound_concurrency: PositiveInt = 8
+    """Outbound attempts (webhook deliveries, and every other `space.outbox` channel) one worker process makes at
+    once, in its outbound lane: slots of their own, beside the worker_concurrency export slots."""
+    outbound_org_concurrency: PositiveInt = 2
+    """Outbound attempts of one org in flight at once, over every channel and every worker."""
 
     def __post_init__(self) -> None:
         # Fails start-up (wrapped by msgspec as a validation error naming the field) on a malformed entry.
@@ -153,6 +159,8 @@ ENV_VARS: dict[str, str] = {
     "SPACE_RESULT_REDIRECT": "result_redirect",
     "SPACE_LOG_FORMAT": "log_format",
     "SPACE_WORKER_METRICS_PORT": "worker_metrics_port",
+    "SPACE_OUTBOUND_CONCURRENCY": "outbound_concurrency",
+    "SPACE_OUTBOUND_ORG_CONCURRENCY": "outbound_org_concurrency",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"

@@ -8,31 +8,49 @@ across orgs (`(limit integer) -> (id, org_id, attempts)`, like `space_webhooks_d
 names them with its retry policy, and its own attempt: what it sends, and what it logs (`claim` -> send ->
 `settle`). No transaction is open while an attempt is in flight: `claim` and `settle` are each the caller's
 transaction, around the send.
+
+Attempts run in the outbound lane (`space.queue.OUTBOUND_SUFFIX`, `space.worker`), never in an export's slot, and
+one org has at most `outbound_org_concurrency` of them in flight over every channel: each `Outbox` registers
+itself (`registered`), and a claim counts the org's attempts in flight in every registered table, under the
+org's outbound lock. At the cap, the claim takes nothing and raises `OrgBusy`; the channel's job, wrapped by
+`deferring`, goes back on the queue a little later, with no attempt counted (docs/decisions/0088).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 import logging
 import math
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from saq import Job, Queue
-from sqlalchemy import Row, text, update
+from sqlalchemy import ColumnElement, Row, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped, mapped_column
 
 from space.db import Database, UnitOfWork
 from space.db.base import created_at
+from space.db.locks import lock_org_outbound
+from space.queue import put_back
 
 AnyRow = Row[*tuple[Any, ...]]
 """A row of the columns a channel asked for."""
+
+T = TypeVar("T")
+
+DEFER_SECONDS = (2, 3, 5)
+"""How long an attempt refused at its org's cap waits before it looks again: the first time, the second, and every
+later one. Short, as an attempt in flight ends within a delivery timeout (5 s) or so; whole seconds of at least 2,
+as SAQ schedules a retry to the second, rounded down."""
+DEFERRALS = "deferrals"
+"""The key of `job.meta` that counts an attempt's deferrals (to lengthen its wait)."""
 
 
 class State(enum.StrEnum):
@@ -74,9 +92,13 @@ class Settled:
         return self.result == "retrying"
 
 
+class OrgBusy(Exception):
+    """The org has its `outbound_org_concurrency` attempts in flight: this attempt waits; nothing was claimed."""
+
+
 @dataclass(frozen=True)
 class Outbox:
-    """One channel's outbox: its table, its queue entries, and its retry policy."""
+    """One channel's outbox: its table, its queue entries, and its retry policy. Registered on creation."""
 
     table: type[Owed]
     job_function: str
@@ -100,6 +122,8 @@ class Outbox:
         # Spliced into the sweeper's SQL: a name, never text from outside.
         if not re.fullmatch(r"[a-z_][a-z0-9_]*", self.due_function):
             raise ValueError(f"not a function name: {self.due_function!r}")
+        # Every channel's attempts count against one cap; a table is counted once however often it is named.
+        _REGISTRY.setdefault(self.table, self)
 
     def backoff(self, attempt: int, base: float) -> float:
         """Seconds to wait after failed attempt `attempt` (from 1): base, factor x base, factor² x base, ..."""
@@ -152,15 +176,46 @@ class Outbox:
             (t.state == State.sending.value) & (t.lease_expires_at < text("clock_timestamp()"))
         )
 
-    async def claim(self, session: AsyncSession, row_id: uuid.UUID, org_id: uuid.UUID, *columns: Any) -> AnyRow | None:
-        """Take the row's next attempt with one conditional UPDATE: its attempt number, then `columns`; None when it is
-        done, deleted, or another worker has it. A row whose last attempt's worker died is failed instead."""
+    async def claim(
+        self, session: AsyncSession, row_id: uuid.UUID, org_id: uuid.UUID, *columns: Any, org_concurrency: int
+    ) -> AnyRow | None:
+        """Take the row's next attempt: its attempt number, then `columns`; None when it is done, deleted, or another
+        worker has it. A row whose last attempt's worker died is failed instead. Raises OrgBusy, and changes nothing,
+        while the org has `org_concurrency` attempts in flight over every registered channel.
+
+        The session's tenant must be the org's; the caller's transaction commits the claim before anything is sent.
+        """
         t = self.table
-        claimable = self._claimable()
+        # The org's claims queue here, so two of them can't both count room for one more.
+        await lock_org_outbound(session, org_id)
+        # SKIP LOCKED: a row held by another transaction (another claim, a settle, its endpoint's deletion) is
+        # that one's business; this claim takes nothing rather than waiting behind it.
+        locked = (
+            await session.execute(
+                select(t.attempts)
+                .where(t.id == row_id, t.org_id == org_id, self._claimable())
+                .with_for_update(skip_locked=True)
+            )
+        ).first()
+        if locked is None:
+            return None
+        this_row = (t.id == row_id, t.org_id == org_id)
+        if locked.attempts >= self.max_attempts:
+            # A worker died during the last attempt: nothing is left to try.
+            await session.execute(
+                update(t)
+                .where(*this_row)
+                .values(state=State.failed.value, lease_expires_at=None, finished_at=text("clock_timestamp()"))
+                .execution_options(synchronize_session=False)
+            )
+            return None
+        if await in_flight(session, org_id) >= org_concurrency:
+            raise OrgBusy(f"org {org_id} has {org_concurrency} outbound attempts in flight")
         row = (
             await session.execute(
                 update(t)
-                .where(t.id == row_id, t.org_id == org_id, t.attempts < self.max_attempts, claimable)
+                # The row is locked, so it still holds the attempt read; naming it keeps the fence in the statement.
+                .where(*this_row, t.attempts == locked.attempts)
                 .values(
                     state=State.sending.value,
                     attempts=t.attempts + 1,
@@ -170,14 +225,6 @@ class Outbox:
                 .execution_options(synchronize_session=False)
             )
         ).first()
-        if row is None:
-            # A worker died during the last attempt: nothing is left to try.
-            await session.execute(
-                update(t)
-                .where(t.id == row_id, t.org_id == org_id, t.attempts >= self.max_attempts, claimable)
-                .values(state=State.failed.value, lease_expires_at=None, finished_at=text("clock_timestamp()"))
-                .execution_options(synchronize_session=False)
-            )
         return row
 
     async def settle(
@@ -232,3 +279,56 @@ class Outbox:
             # The key names the attempt the job will make: a scheduled retry still waiting is not doubled.
             await self.enqueue(queue, row_id, org_id, attempt=attempts + 1, delay=0.0)
         return len(rows)
+
+
+# --- every channel: the registry, the org's attempts in flight, and the wait at the cap --------------------------
+
+_REGISTRY: dict[type[Owed], Outbox] = {}
+
+
+def registered() -> tuple[Outbox, ...]:
+    """Every channel's outbox, in the order they were made (each module that makes one is imported by the worker)."""
+    return tuple(_REGISTRY.values())
+
+
+async def in_flight(session: AsyncSession, org_id: uuid.UUID) -> int:
+    """The org's attempts in flight over every registered channel: rows `sending` whose lease has not run out.
+
+    A plain count under the org's tenant context (RLS shows it the org's own rows, all it needs).
+    """
+    counts = [
+        select(func.count())
+        .select_from(o.table)
+        .where(
+            o.table.org_id == org_id,
+            o.table.state == State.sending.value,
+            o.table.lease_expires_at >= text("clock_timestamp()"),
+        )
+        .scalar_subquery()
+        for o in registered()
+    ]
+    if not counts:
+        return 0
+    total: ColumnElement[Any] = counts[0]
+    for count in counts[1:]:
+        total = total + count
+    return int(await session.scalar(select(total)) or 0)
+
+
+def deferring(function: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """A channel's attempt job that, refused at its org's cap (OrgBusy), goes back on its queue after DEFER_SECONDS:
+    a wait, not a failure; neither the row's attempt count nor SAQ's counts it. Keeps the function's name."""
+
+    @functools.wraps(function)
+    async def run(ctx: Any, **kwargs: Any) -> T:
+        try:
+            return await function(ctx, **kwargs)
+        except OrgBusy as busy:
+            job: Job | None = ctx.get("job")
+            if job is None:
+                raise
+            deferrals = int(job.meta.get(DEFERRALS, 0))
+            job.meta[DEFERRALS] = deferrals + 1
+            raise put_back(job, DEFER_SECONDS[min(deferrals, len(DEFER_SECONDS) - 1)], str(busy)) from None
+
+    return run

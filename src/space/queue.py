@@ -1,8 +1,11 @@
-"""The installation's queue: which broker, under which name, and the guard every job it runs passes first.
+"""The installation's queues: which broker, under which names, and the guard every job they run passes first.
 SAQ is transport only.
 
 The queue is named after the installation (`space-<installation id>`, the id `space migrate` keeps in the
 database; SPACE_QUEUE_NAME overrides it), so installations that share a broker never see each other's jobs.
+Outbound work (every `space.outbox` channel: webhook deliveries, ...) has a lane of its own beside it, the queue
+`<name>-outbound` on the same broker, served by the worker's second SAQ Worker (`space.worker`), so that no
+export ever waits for a slow receiver.
 Every job enqueued is stamped with the installation id (`job.meta`); a worker that still receives another
 installation's job (two of them given the same SPACE_QUEUE_NAME) puts it back (`guarded`, which wraps every job
 function the worker registers: export runs, webhook deliveries, crons).
@@ -37,6 +40,9 @@ FOREIGN_RETRY_SECONDS = 1.0
 FOREIGN_LOGGED = 1024
 """Foreign jobs one worker remembers having logged (so each is logged once, in bounded memory)."""
 
+OUTBOUND_SUFFIX = "-outbound"
+"""What the outbound lane's queue name adds to the installation's queue name."""
+
 T = TypeVar("T")
 
 
@@ -46,6 +52,10 @@ class QueueIdentity:
 
     installation: uuid.UUID
     name: str
+
+    def outbound(self) -> QueueIdentity:
+        """The identity of the installation's outbound lane: `<name>-outbound`, the same installation."""
+        return QueueIdentity(self.installation, self.name + OUTBOUND_SUFFIX)
 
 
 async def read_installation_id(db: Database) -> uuid.UUID:
@@ -107,7 +117,7 @@ def cron_prefix(identity: QueueIdentity) -> str:
     only their own workers run (with one key between them, an entry of an installation that stopped would be put
     back forever, and the others' crons never scheduled).
     """
-    if identity.name == f"space-{identity.installation}":
+    if identity.name.removesuffix(OUTBOUND_SUFFIX) == f"space-{identity.installation}":
         return f"cron:{identity.name}:"
     return f"cron:{identity.name}:{identity.installation}:"
 
@@ -120,6 +130,14 @@ async def open_queue(
     return make_queue(settings, identity, application_name=application_name, max_connections=max_connections)
 
 
+async def open_outbound_queue(
+    settings: Settings, db: Database, *, application_name: str = "space-outbound-queue", max_connections: int = 10
+) -> Queue:
+    """`make_queue` for this installation's outbound lane (not yet connected): where outbound attempts are enqueued."""
+    identity = (await queue_identity(settings, db)).outbound()
+    return make_queue(settings, identity, application_name=application_name, max_connections=max_connections)
+
+
 def installation_of(job: Job) -> str | None:
     """The installation a job was enqueued by (None: a job of a release that did not stamp them)."""
     value = (job.meta or {}).get(INSTALLATION)
@@ -129,7 +147,14 @@ def installation_of(job: Job) -> str | None:
 # --- the guard -------------------------------------------------------------------------------------------------
 
 
-class ForeignJob(Exception):
+class PutBack(Exception):
+    """Raised by a job that is not to run now (`put_back`): SAQ puts it on the queue again, no attempt counted.
+
+    Not an error: the worker's log filter drops SAQ's "Error processing job" traceback for it.
+    """
+
+
+class ForeignJob(PutBack):
     """The job belongs to another installation (another database) that shares this queue: put it back."""
 
 
@@ -189,3 +214,14 @@ def give_back(ctx: Any, job: Job, owner: str, log: logging.Logger) -> None:
             ctx["installation"],
         )
     raise ForeignJob(f"job of installation {owner}")
+
+
+def put_back(job: Job, delay: float, reason: str) -> PutBack:
+    """Ready `job` to go back on its queue after `delay` seconds without using up an attempt; raise what this
+    returns from the job function (SAQ retries an entry whose function raised, the one way to leave it unfinished).
+
+    SAQ floors the retry's time to a whole second: a delay under 2 s could come round again at once.
+    """
+    job.attempts -= 1
+    job.retry_delay = delay
+    return PutBack(reason)

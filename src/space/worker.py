@@ -1,4 +1,9 @@
-"""SAQ queue and worker settings; registers every job and cron entry.
+"""SAQ queues and worker settings; registers every job and cron entry, each in its lane.
+
+A worker process runs two SAQ Workers on one app-role database: the export lane (the installation's queue,
+SPACE_WORKER_CONCURRENCY slots: export runs and the export crons) and the outbound lane (`<queue>-outbound`,
+SPACE_OUTBOUND_CONCURRENCY slots: webhook deliveries and every other `space.outbox` channel, and their sweepers).
+A receiver that never answers holds an outbound slot, never an export's.
 
 `space worker` runs `run_worker` alone (it then owns SIGINT/SIGTERM); `space up` runs it as a task beside
 the API, which owns the signals and cancels the task. Either way it stops cleanly: running exports hand
@@ -14,9 +19,10 @@ import logging
 import math
 import signal
 import threading
+from dataclasses import dataclass
 from typing import Any
 
-from saq import CronJob, Worker
+from saq import CronJob, Queue, Worker
 from saq.types import PartialTimersDict
 
 from space.config import Settings
@@ -27,11 +33,14 @@ from space.exports.queue import RUN_EXPORT
 from space.exports.storage.factory import open_result_store
 from space.observability.metrics import WorkerMetricsServer
 from space.orgs.jobs import purge_due_job
-from space.queue import ForeignJob, guarded, make_queue, queue_identity
+from space.queue import PutBack, QueueIdentity, guarded, make_queue, queue_identity
 from space.webhooks.jobs import deliver_webhook_job, sweep_webhooks_job
 from space.webhooks.outbox import DELIVER_WEBHOOK
 
 log = logging.getLogger("space.worker")
+
+OUTBOUND_POOL_SIZE = 4
+"""Database connections the outbound lane keeps open (SQLAlchemy adds up to 10 more while they are all busy)."""
 
 EVERY_MINUTE = "* * * * *"
 EVERY_FIVE_MINUTES = "*/5 * * * *"
@@ -51,27 +60,52 @@ def every(seconds: int) -> str:
     return EVERY_MINUTE if seconds >= 60 else f"* * * * * */{seconds}"
 
 
-class _QuietForeignJobs(logging.Filter):
-    """Drops SAQ's "Error processing job" traceback for a job handed back to another installation: it is not an
-    error, and `space.queue.guarded` has logged it once already (SAQ would log it at every pass)."""
+class _QuietPutBacks(logging.Filter):
+    """Drops SAQ's "Error processing job" traceback for a job put back on its queue (`space.queue.PutBack`: another
+    installation's, or an outbound attempt at its org's cap): it is not an error, and whoever put it back has said
+    so where it matters (SAQ would log it at every pass)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """False for a record whose exception is ForeignJob."""
-        return not (record.exc_info and isinstance(record.exc_info[1], ForeignJob))
+        """False for a record whose exception is a PutBack."""
+        return not (record.exc_info and isinstance(record.exc_info[1], PutBack))
 
 
-def _quiet_foreign_jobs() -> None:
+def _quiet_put_backs() -> None:
     saq_log = logging.getLogger("saq")
-    if not any(isinstance(f, _QuietForeignJobs) for f in saq_log.filters):
-        saq_log.addFilter(_QuietForeignJobs())
+    if not any(isinstance(f, _QuietPutBacks) for f in saq_log.filters):
+        saq_log.addFilter(_QuietPutBacks())
 
 
-async def build_worker(
+@dataclass(frozen=True)
+class Lanes:
+    """A worker process's two SAQ Workers and their app-role databases (disposed by `close`, once both have
+    stopped). Each lane has its own pool: outbound claims waiting on an org's lock never hold a connection an
+    export needs."""
+
+    exports: Worker[Any]
+    outbound: Worker[Any]
+    db: Database
+    outbound_db: Database
+
+    @property
+    def workers(self) -> tuple[Worker[Any], Worker[Any]]:
+        """Both workers, exports first."""
+        return (self.exports, self.outbound)
+
+    async def close(self) -> None:
+        """Close the app role's pools (after both workers have stopped)."""
+        try:
+            await self.outbound_db.dispose()
+        finally:
+            await self.db.dispose()
+
+
+async def build_workers(
     settings: Settings, *, application_name: str = "space-worker", serve_metrics: bool = False
-) -> Worker[Any]:
-    """A SAQ worker on this installation's queue, whose ctx carries `settings`, `db` (app role), `store` and
-    `installation` for every job; with `serve_metrics`, it serves /metrics on SPACE_WORKER_METRICS_PORT (0: none)
-    while it runs."""
+) -> Lanes:
+    """The export and outbound workers of this installation, whose ctx carries `settings`, `db` (app role, a pool
+    per lane) and `installation` for every job (the export lane's also `store` and `outbound_queue`); with `serve_metrics`, the
+    export worker serves /metrics on SPACE_WORKER_METRICS_PORT (0: none) while it runs."""
     assert settings.database_url, "the worker needs a database URL"
     db = Database(app_url(settings.database_url, settings.app_database_url), application_name=application_name)
     try:
@@ -83,13 +117,68 @@ async def build_worker(
     except BaseException:
         await db.dispose()
         raise
+    _quiet_put_backs()
+    # Short transactions only (a claim, a settle, the sweeper's read): a small pool, overflowing when it must.
+    outbound_db = Database(db.url, application_name=f"{application_name}-outbound", pool_size=OUTBOUND_POOL_SIZE)
     queue = make_queue(
         settings,
         identity,
         application_name=f"{application_name}-queue",
         max_connections=4 + 2 * settings.worker_concurrency,
     )
-    _quiet_foreign_jobs()
+    # An attempt touches SAQ's tables when it starts and ends, never while it waits for its receiver.
+    outbound_queue = make_queue(
+        settings,
+        identity.outbound(),
+        application_name=f"{application_name}-outbound-queue",
+        max_connections=4 + settings.outbound_concurrency,
+    )
+    cadence = cadence_seconds(settings)
+    # SAQ sweeps entries whose heartbeat (one lease) stopped; sweeping once a lease finds them in time.
+    # The other timers are SAQ's defaults (its typing wants every key).
+    timers: PartialTimersDict = {"schedule": 1, "worker_info": 10, "sweep": cadence, "abort": 1}
+    # Shown by SAQ's worker info: which installation each worker of a queue serves.
+    metadata = {"installation": str(identity.installation)}
+    exports = _export_worker(settings, db, identity, queue, outbound_queue, timers, metadata, serve_metrics)
+
+    async def outbound_startup(ctx: Any) -> None:
+        ctx["settings"] = settings
+        ctx["db"] = outbound_db
+        ctx["installation"] = identity.installation
+        ctx["foreign_logged"] = collections.OrderedDict()  # of other installations' jobs, each logged once
+        log.info(
+            "outbound lane of installation %s on queue %s, %d slots",
+            identity.installation,
+            outbound_queue.name,
+            settings.outbound_concurrency,
+        )
+
+    # Every job and cron entry is `guarded`: one of another installation sharing the broker is handed back.
+    outbound: Worker[Any] = Worker(
+        outbound_queue,
+        functions=[(DELIVER_WEBHOOK, guarded(deliver_webhook_job))],
+        cron_jobs=[CronJob(guarded(sweep_webhooks_job), cron=EVERY_MINUTE, timeout=60)],
+        concurrency=settings.outbound_concurrency,
+        startup=outbound_startup,
+        timers=timers,
+        metadata=metadata,
+    )
+    for worker in (exports, outbound):
+        # Signals are decided by run_worker: inside `space up` they belong to the API server.
+        worker.SIGNALS = []
+    return Lanes(exports, outbound, db, outbound_db)
+
+
+def _export_worker(
+    settings: Settings,
+    db: Database,
+    identity: QueueIdentity,
+    queue: Queue,
+    outbound_queue: Queue,
+    timers: PartialTimersDict,
+    metadata: dict[str, str],
+    serve_metrics: bool,
+) -> Worker[Any]:
     exits = contextlib.AsyncExitStack()
     metrics = (
         WorkerMetricsServer(settings.host, settings.worker_metrics_port)
@@ -102,34 +191,28 @@ async def build_worker(
         ctx["db"] = db
         ctx["store"] = await exits.enter_async_context(open_result_store(settings, db))
         ctx["installation"] = identity.installation
+        # What an ended export owes (webhook deliveries, ...) is enqueued here: the outbound lane's queue.
+        ctx["outbound_queue"] = outbound_queue
         ctx["foreign_logged"] = collections.OrderedDict()  # of other installations' jobs, each logged once
         log.info("worker of installation %s on queue %s", identity.installation, identity.name)
         if metrics is not None:
             metrics.start(db)
 
     async def shutdown(ctx: Any) -> None:
-        try:
-            if metrics is not None:
-                metrics.stop()
-            await exits.aclose()
-        finally:
-            await db.dispose()
+        if metrics is not None:
+            metrics.stop()
+        await exits.aclose()
 
     # Every job and cron entry is `guarded`: one of another installation sharing the broker is handed back.
-    functions: Any = [(RUN_EXPORT, guarded(run_export_job)), (DELIVER_WEBHOOK, guarded(deliver_webhook_job))]
     cadence = cadence_seconds(settings)
-    # SAQ sweeps entries whose heartbeat (one lease) stopped; sweeping once a lease finds them in time.
-    # The other timers are SAQ's defaults (its typing wants every key).
-    timers: PartialTimersDict = {"schedule": 1, "worker_info": 10, "sweep": cadence, "abort": 1}
     cron_jobs: Any = [
         CronJob(guarded(reconcile_exports_job), cron=every(cadence), timeout=60),
         CronJob(guarded(cleanup_exports_job), cron=EVERY_FIVE_MINUTES, timeout=300),
         CronJob(guarded(purge_due_job), cron=EVERY_MINUTE, timeout=300),
-        CronJob(guarded(sweep_webhooks_job), cron=EVERY_MINUTE, timeout=60),
     ]
-    worker: Worker[Any] = Worker(
+    return Worker(
         queue,
-        functions=functions,
+        functions=[(RUN_EXPORT, guarded(run_export_job))],
         cron_jobs=cron_jobs,
         concurrency=settings.worker_concurrency,
         startup=startup,
@@ -141,23 +224,28 @@ async def build_worker(
         # must first get to give itself back (bounded by HAND_BACK_SECONDS) and SAQ to requeue its entry.
         # SAQ's default (1 s) cut the hand-back short, leaving the export to wait out its lease.
         cancellation_hard_deadline_s=HAND_BACK_SECONDS + 3,
-        # Shown by SAQ's worker info: which installation each worker of a queue serves.
-        metadata={"installation": str(identity.installation)},
+        metadata=metadata,
     )
-    # Signals are decided by run_worker: inside `space up` they belong to the API server.
-    worker.SIGNALS = []
-    return worker
 
 
 async def run_worker(settings: Settings, *, started: asyncio.Event | None = None, serve_metrics: bool = False) -> None:
-    """Run a worker until cancelled, or until SIGINT/SIGTERM when it is the process's only job; set `started` once it is up."""
-    worker = await build_worker(settings, serve_metrics=serve_metrics)
+    """Run both lanes until cancelled, or until SIGINT/SIGTERM when it is the process's only job; set `started` once
+    both are up."""
+    lanes = await build_workers(settings, serve_metrics=serve_metrics)
     if started is not None:
-        # SAQ runs its start-up hooks once the queue is connected, right before it takes jobs.
-        async def mark_started(ctx: Any) -> None:
-            started.set()
+        up: set[int] = set()
 
-        worker.startup = [*(worker.startup or []), mark_started]
+        def marker(worker: Worker[Any]) -> Any:
+            # SAQ runs its start-up hooks once the queue is connected, right before it takes jobs.
+            async def mark_started(ctx: Any) -> None:
+                up.add(id(worker))
+                if len(up) == len(lanes.workers):
+                    started.set()
+
+            return mark_started
+
+        for worker in lanes.workers:
+            worker.startup = [*(worker.startup or []), marker(worker)]
     loop = asyncio.get_running_loop()
     # Nobody else handles SIGTERM: this is `space worker`, and the signals are ours.
     standalone = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (
@@ -165,17 +253,45 @@ async def run_worker(settings: Settings, *, started: asyncio.Event | None = None
         None,
     )
     signals = [signal.SIGINT, signal.SIGTERM] if standalone else []
+
+    def stop() -> None:
+        for worker in lanes.workers:
+            worker.event.set()
+
     for signum in signals:
-        loop.add_signal_handler(signum, lambda: worker.event.set())
+        loop.add_signal_handler(signum, stop)
     try:
-        await worker.queue.connect()
-        await worker.start()
+        for worker in lanes.workers:
+            await worker.queue.connect()
+        await _run(lanes)
     finally:
         for signum in signals:
             loop.remove_signal_handler(signum)
-        with contextlib.suppress(Exception):
-            await worker.queue.disconnect()
+        for worker in lanes.workers:
+            with contextlib.suppress(Exception):
+                await worker.queue.disconnect()
+        await lanes.close()
     # Worker.start swallows cancellation while stopping; pass it on to whoever cancelled us.
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+async def _run(lanes: Lanes) -> None:
+    """Both workers until one of them ends (a signal ends both); then the other stops too."""
+    tasks = [asyncio.create_task(w.start(), name=f"saq-{w.queue.name}") for w in lanes.workers]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        # Cancelled (`space up` stopping): each worker stops as it did alone, its running jobs cancelled and handed back.
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    # One lane ended (a signal set both events, or it failed): the other stops too, by its event, so that a stop
+    # already under way is never cut short.
+    for worker in lanes.workers:
+        worker.event.set()
+    for result in await asyncio.gather(*tasks, return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result

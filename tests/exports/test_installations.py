@@ -33,7 +33,7 @@ from space.config import Settings, SettingsError, load_settings
 from space.db import Database
 from space.db.migrate import upgrade
 from space.queue import INSTALLATION, QueueIdentity, is_guarded, make_queue, queue_identity, read_installation_id
-from space.worker import build_worker, run_worker
+from space.worker import build_workers, run_worker
 from tests.exports.fixtures import WAIT, add_tickets, create_export, download, parse_csv, wait_for
 from tests.helpers import Api, Org, UserFactory, app_database, fresh_database, redis_reachable
 from tests.orgs.fixtures import request_deletion
@@ -227,7 +227,9 @@ async def test_two_installations_on_one_redis_each_run_only_their_own_jobs(
     for name, identity in ids.items():
         for _, _, export_id in exports[name]:
             assert [k for k in keys if export_id in k] == [f"saq:job:{identity.name}:{export_id}"], keys
-    assert all(any(k.startswith((f"saq:{i.name}:", f"saq:job:{i.name}:")) for i in ids.values()) for k in keys), keys
+    # Each installation's two queues: its own and its outbound lane's.
+    names = [q.name for i in ids.values() for q in (i, i.outbound())]
+    assert all(any(k.startswith((f"saq:{n}:", f"saq:job:{n}:")) for n in names) for k in keys), keys
 
 
 @needs_redis
@@ -353,23 +355,28 @@ async def test_installations_given_one_queue_name_keep_cron_entries_of_their_own
 
 
 async def test_every_job_and_cron_the_worker_registers_is_guarded(settings: Settings) -> None:
-    worker = await build_worker(settings)
+    lanes = await build_workers(settings)
     try:
-        assert set(worker.functions) >= {
+        # Exports in their lane; outbound attempts (and their sweeper) in theirs, never on an export's slots.
+        assert set(lanes.exports.functions) >= {
             "run_export_job",
-            "deliver_webhook_job",
             "reconcile_exports_job",
             "cleanup_exports_job",
             "purge_due_job",
-            "sweep_webhooks_job",
-        }, worker.functions
-        assert len(worker.cron_jobs) == 4
-        unguarded = [name for name, function in worker.functions.items() if not is_guarded(function)]
+        }, lanes.exports.functions
+        assert set(lanes.outbound.functions) >= {"deliver_webhook_job", "sweep_webhooks_job"}, lanes.outbound.functions
+        assert not set(lanes.exports.functions) & set(lanes.outbound.functions)
+        assert len(lanes.exports.cron_jobs) + len(lanes.outbound.cron_jobs) == 4
+        assert lanes.outbound.queue.name == lanes.exports.queue.name + "-outbound"
+        unguarded = [
+            name for worker in lanes.workers for name, function in worker.functions.items() if not is_guarded(function)
+        ]
         assert unguarded == []
     finally:
-        # What the worker's stop would run: the app role's pool closes.
-        assert callable(worker.shutdown)
-        await worker.shutdown(worker.context)
+        # What the workers' stop would run: the export lane's shutdown, then the app role's pool closes.
+        assert callable(lanes.exports.shutdown)
+        await lanes.exports.shutdown(lanes.exports.context)
+        await lanes.close()
 
 
 async def _delivery_of(owner_url: str, endpoint_id: str) -> str:

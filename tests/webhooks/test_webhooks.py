@@ -21,7 +21,7 @@ from space.app import create_app
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.orgs.jobs import purge_due
-from space.queue import open_queue
+from space.queue import open_outbound_queue
 from space.webhooks import service
 from space.webhooks.delivery import deliver
 from space.webhooks.jobs import sweep_webhooks_job
@@ -418,7 +418,8 @@ async def test_the_sweeper_sends_a_delivery_whose_enqueue_was_lost(
         async with UnitOfWork(db.sessionmaker, Tenant(org_id=oid)) as uow:
             data = EventData(org_id=oid, export_id=uuid.uuid4(), state="failed", error_code="worker_lost")
             assert await service.emit(uow, None, EventType.export_failed, data) == 1
-        queue = await open_queue(private_ok, db, application_name="space-tests-sweeper")
+        # The sweeper runs in the outbound lane: its queue is the one it enqueues on.
+        queue = await open_outbound_queue(private_ok, db, application_name="space-tests-sweeper")
         await queue.connect()
         try:
             ctx = {"db": db, "worker": SimpleNamespace(queue=queue)}

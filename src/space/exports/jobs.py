@@ -1,4 +1,5 @@
-"""SAQ entry points of exports. The worker's startup puts `settings`, `db` and `store` into ctx (space.worker)."""
+"""SAQ entry points of exports. The worker's startup puts `settings`, `db`, `store` and `outbound_queue` (the
+outbound lane's queue, where what an ended export owes is enqueued) into ctx (space.worker)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,7 @@ from space.queue import TERMINAL
 async def run_export_job(ctx: Any, *, export_id: str, org_id: str) -> str:
     """SAQ job: run one export (the worker registers it `guarded`: another installation's goes back on the queue)."""
     job: Job | None = ctx.get("job")
-    worker = ctx.get("worker")
-    queue = worker.queue if worker is not None else None
-    runner = ExportRunner(ctx["settings"], ctx["db"], ctx["store"], job=job, queue=queue)
+    runner = ExportRunner(ctx["settings"], ctx["db"], ctx["store"], job=job, queue=ctx.get("outbound_queue"))
     return await run_export(runner, uuid.UUID(export_id), uuid.UUID(org_id))
 
 
@@ -38,7 +37,7 @@ async def wake_after_export_job(ctx: Any) -> None:
 
 async def reconcile_exports_job(ctx: Any) -> dict[str, int]:
     """SAQ cron: the reconciler."""
-    return await reconcile(ctx["settings"], ctx["db"], ctx["worker"].queue)
+    return await reconcile(ctx["settings"], ctx["db"], ctx["worker"].queue, outbound=ctx.get("outbound_queue"))
 
 
 async def cleanup_exports_job(ctx: Any) -> dict[str, int]:

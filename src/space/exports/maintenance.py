@@ -47,11 +47,14 @@ async def wake(settings: Settings, db: Database, queue: Queue, org_id: uuid.UUID
     return woken
 
 
-async def reconcile(settings: Settings, db: Database, queue: Queue, limit: int = 500) -> dict[str, int]:
+async def reconcile(
+    settings: Settings, db: Database, queue: Queue, limit: int = 500, *, outbound: Queue | None = None
+) -> dict[str, int]:
     """Wake every org with queued exports or expired-lease running ones (re-enqueueing those with no live queue
-    entry, as many as the org may run).
+    entry on `queue`, as many as the org may run).
 
-    Running exports whose lease ran out after their last attempt fail `worker_lost` instead.
+    Running exports whose lease ran out after their last attempt fail `worker_lost` instead (what that outcome owes
+    is enqueued on `outbound`, the outbound lane; with None, its sweepers send it).
     """
     async with UnitOfWork(db.sessionmaker) as uow:
         candidates = await ledger.reconcile_candidates(uow.session, limit)
@@ -60,7 +63,7 @@ async def reconcile(settings: Settings, db: Database, queue: Queue, limit: int =
     for export_id, org_id, state, attempt in candidates:
         if state == ExportState.running.value and attempt >= settings.export_retries:
             async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
-                kind = await fail_exhausted(uow, queue, export_id, org_id, max_attempts=settings.export_retries)
+                kind = await fail_exhausted(uow, outbound, export_id, org_id, max_attempts=settings.export_retries)
             if kind is not None:
                 failed += 1
                 # A running export whose lease ran out: its last execution lost it.

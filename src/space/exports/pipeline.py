@@ -54,7 +54,8 @@ async def _open(point: str, lease: Lease) -> None:
 @dataclass
 class ExportRunner:
     """What a run needs: settings, the app-role database, the result store, the SAQ job to touch, and the queue
-    the jobs its outcome owes (webhook deliveries) are enqueued on after commit (None: their sweepers send them)."""
+    the jobs its outcome owes (webhook deliveries) are enqueued on after commit: the outbound lane's, never the
+    export queue (None: their sweepers send them)."""
 
     settings: Settings
     db: Database

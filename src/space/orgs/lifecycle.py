@@ -172,7 +172,8 @@ async def request_deletion(
 ) -> Org:
     """active|suspended -> deleting, with deleteAfter = now + grace; needs the name and a recent final export.
 
-    The org's `org.deletion_requested` webhooks are owed in the same transaction and enqueued on `queue` after it.
+    The org's `org.deletion_requested` webhooks are owed in the same transaction and enqueued on `queue` (the
+    outbound lane's) after it.
     """
     session = uow.session
     if data.confirm != org.name:

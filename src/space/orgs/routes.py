@@ -109,7 +109,7 @@ class LifecycleController(Controller):
             ctx.principal.user_id,
             data,
             settings.deletion_grace_seconds,
-            request.app.state.queue,
+            request.app.state.outbound_queue,
             ip=ctx.ip,
         )
 

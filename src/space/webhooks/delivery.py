@@ -3,7 +3,8 @@
 No transaction is open while the request is in flight. Each attempt is fenced by the delivery's attempt
 count: only the worker that made attempt n records it, and a delivery deleted with its endpoint meanwhile
 records nothing. The claim, the fenced record, the backoff and the next entry are the outbox's (`space.outbox`);
-what is sent, and the deliveries log, are this module's.
+what is sent, and the deliveries log, are this module's. An attempt runs in the outbound lane, at most
+`outbound_org_concurrency` of one org's at once (the claim raises OrgBusy beyond).
 """
 
 from __future__ import annotations
@@ -55,16 +56,18 @@ class Outcome:
 async def deliver(
     settings: Settings, db: Database, queue: Queue | None, delivery_id: uuid.UUID, org_id: uuid.UUID
 ) -> str:
-    """Make the delivery's next attempt; returns delivered, retrying, failed or not_claimed."""
-    claimed = await claim(db, delivery_id, org_id)
+    """Make the delivery's next attempt; returns delivered, retrying, failed or not_claimed. Raises OrgBusy, having
+    changed nothing, while the org has `outbound_org_concurrency` attempts in flight."""
+    claimed = await claim(db, delivery_id, org_id, org_concurrency=settings.outbound_org_concurrency)
     if claimed is None:
         return "not_claimed"
     outcome = await attempt(claimed, allow_private=settings.webhook_allow_private)
     return await record(settings, db, queue, claimed, outcome)
 
 
-async def claim(db: Database, delivery_id: uuid.UUID, org_id: uuid.UUID) -> Claimed | None:
-    """Take the next attempt (`DELIVERIES.claim`); None when it is done, deleted, or another worker has it."""
+async def claim(db: Database, delivery_id: uuid.UUID, org_id: uuid.UUID, *, org_concurrency: int) -> Claimed | None:
+    """Take the next attempt (`DELIVERIES.claim`); None when it is done, deleted, or another worker has it; OrgBusy
+    while the org has `org_concurrency` attempts in flight."""
     async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
         row = await DELIVERIES.claim(
             uow.session,
@@ -73,6 +76,7 @@ async def claim(db: Database, delivery_id: uuid.UUID, org_id: uuid.UUID) -> Clai
             WebhookDelivery.event_id,
             WebhookDelivery.body,
             WebhookDelivery.endpoint_id,
+            org_concurrency=org_concurrency,
         )
         if row is None:
             return None
