@@ -25,6 +25,8 @@ from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_e
 from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT
 from space.exports.storage.factory import open_result_store
+from space.notifications.jobs import send_email_job, sweep_emails_job
+from space.notifications.outbox import SEND_EMAIL
 from space.observability.metrics import WorkerMetricsServer
 from space.orgs.jobs import purge_due_job
 from space.queue import ForeignJob, guarded, make_queue, queue_identity
@@ -116,7 +118,11 @@ async def build_worker(
             await db.dispose()
 
     # Every job and cron entry is `guarded`: one of another installation sharing the broker is handed back.
-    functions: Any = [(RUN_EXPORT, guarded(run_export_job)), (DELIVER_WEBHOOK, guarded(deliver_webhook_job))]
+    functions: Any = [
+        (RUN_EXPORT, guarded(run_export_job)),
+        (DELIVER_WEBHOOK, guarded(deliver_webhook_job)),
+        (SEND_EMAIL, guarded(send_email_job)),
+    ]
     cadence = cadence_seconds(settings)
     # SAQ sweeps entries whose heartbeat (one lease) stopped; sweeping once a lease finds them in time.
     # The other timers are SAQ's defaults (its typing wants every key).
@@ -126,6 +132,7 @@ async def build_worker(
         CronJob(guarded(cleanup_exports_job), cron=EVERY_FIVE_MINUTES, timeout=300),
         CronJob(guarded(purge_due_job), cron=EVERY_MINUTE, timeout=300),
         CronJob(guarded(sweep_webhooks_job), cron=EVERY_MINUTE, timeout=60),
+        CronJob(guarded(sweep_emails_job), cron=EVERY_MINUTE, timeout=60),
     ]
     worker: Worker[Any] = Worker(
         queue,
