@@ -210,6 +210,22 @@ async def test_every_owner_is_emailed_a_deletion_request(
     assert smtp.recorder.to(org.member.email) == []
 
 
+async def test_a_cancellation_by_an_admin_is_emailed_to_the_creator(
+    mapi: Api, mail: Settings, smtp: SmtpServer, owner: psycopg.Connection[Any]
+) -> None:
+    org = await mapi.org()
+    export = await create_export(mapi, org, org.member, {"kind": "snapshot"})
+    r = await mapi.call("DELETE", org.path(f"/exports/{export['id']}"), org.admin)
+    assert r.status_code == 204, r.text
+    # Enqueued by the API after its commit (not left to the sweeper, which waits a minute for a lost entry).
+    async with worker(mail):
+        await settled_row(owner, org.member, "export.cancelled", {"delivered", "failed"})
+    (got,) = smtp.recorder.to(org.member.email)
+    assert got.message["Subject"] == "Your Snapshot (JSON) export in Acme was cancelled"
+    assert "An owner or administrator of the organization cancelled this export." in got.part("plain")
+    assert smtp.recorder.to(org.admin.email) == []
+
+
 # --- the server's answers ----------------------------------------------------------------------------------------
 
 

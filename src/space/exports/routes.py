@@ -197,10 +197,16 @@ class ExportController(Controller):
 
     @delete("/{export_id:str}")
     async def remove(
-        self, ctx: NamedDependency[MemberContext], export_id: FromPath[str], store: NamedDependency[ResultStore]
+        self,
+        ctx: NamedDependency[MemberContext],
+        export_id: FromPath[str],
+        store: NamedDependency[ResultStore],
+        queue: NamedDependency[Queue],
     ) -> None:
         """Cancel a queued/running export, or delete a finished one (owners and admins: any member's)."""
-        await service.delete_export(ctx.uow, ctx.org.id, ctx.membership, parse_id(export_id), store, ip=ctx.ip)
+        await service.delete_export(
+            ctx.uow, ctx.org.id, ctx.membership, parse_id(export_id), store, ip=ctx.ip, queue=queue
+        )
 
     @post("/{export_id:str}/links", status_code=201)
     async def create_link(
