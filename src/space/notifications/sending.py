@@ -80,10 +80,12 @@ async def claim(settings: Settings, db: Database, notification_id: uuid.UUID, or
         reason = await _why_not(settings, session, org_id, user_id, type_)
         if reason is not None:
             await _skip(session, notification_id, org_id, attempt, reason)
-            log.info("email %s to user %s skipped: %s", notification_id, user_id, reason.value)
-            return SKIPPED
-        user = (await session.execute(select(User.name, User.email).where(User.id == user_id))).one()
-        org_name = await orgs.org_name(session, org_id)
+        else:
+            user = (await session.execute(select(User.name, User.email).where(User.id == user_id))).one()
+            org_name = await orgs.org_name(session, org_id)
+    if reason is not None:
+        log.info("email %s to user %s skipped: %s", notification_id, user_id, reason.value)
+        return SKIPPED
     letter = Letter(
         notification_id=notification_id,
         type=NotificationType(type_),
