@@ -417,3 +417,27 @@ async def test_without_smtp_nothing_is_emailed_and_the_app_still_tells(
     assert smtp.recorder.tried(org.member.email) == []
     r = await api.call("GET", "/me/notifications", org.member)
     assert [i["exportId"] for i in r.json()["items"]] == [export_id]
+
+
+async def test_an_address_the_email_package_can_not_write_fails_at_once(
+    mapi: Api, db: Database, mail: Settings, smtp: SmtpServer, owner: psycopg.Connection[Any]
+) -> None:
+    from space.auth import service as auth
+
+    org = await mapi.org()
+    odd = f"odd,{uuid.uuid4().hex[:6]}@example.test"
+    async with UnitOfWork(db.sessionmaker) as uow:
+        user = await auth.create_user(uow.session, odd, "Odd")
+    r = await mapi.call("POST", org.path("/members"), org.owner, json={"email": odd, "role": "owner"})
+    assert r.status_code == 201, r.text
+    r = await mapi.call("POST", org.path("/deletion"), org.owner, json={"confirm": "Acme", "skipFinalExport": True})
+    assert r.status_code == 202, r.text
+    (notification_id,) = owner.execute(
+        "SELECT id FROM notifications WHERE user_id = %s AND channel = 'email'", (user.id,)
+    ).fetchone()  # type: ignore[misc]
+    assert await send_email(mail, db, None, notification_id, uuid.UUID(org.id)) == "failed"
+    row = owner.execute(
+        "SELECT state, attempts, last_error FROM notifications WHERE id = %s", (notification_id,)
+    ).fetchone()
+    assert row is not None and row[:2] == ("failed", 1) and row[2].startswith("not sendable")
+    assert smtp.recorder.tried(odd) == []

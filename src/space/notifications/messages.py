@@ -13,8 +13,9 @@ import datetime as dt
 import html
 import uuid
 from dataclasses import dataclass
+from email.headerregistry import Address
 from email.message import EmailMessage
-from email.utils import format_datetime, formataddr
+from email.utils import format_datetime
 from typing import Any
 
 from space.notifications import words
@@ -118,8 +119,10 @@ def compose(letter: Letter, *, public_base: str, mail_from: tuple[str, str]) -> 
     sender_name, sender_address = mail_from
     message = EmailMessage()
     message["Subject"] = one_line(letter.title)
-    message["From"] = formataddr((sender_name, sender_address))
-    message["To"] = formataddr((one_line(letter.recipient_name), letter.recipient_email))
+    # Address objects, not formatted strings: the policy quotes or encodes a name with commas, colons or quotes so
+    # that it stays a name (a name is whatever its person typed).
+    message["From"] = Address(display_name=one_line(sender_name), addr_spec=sender_address)
+    message["To"] = Address(display_name=one_line(letter.recipient_name), addr_spec=letter.recipient_email)
     message["Date"] = format_datetime(letter.at.astimezone(dt.UTC))
     # The notification's own id: every attempt of one notification is the same message to a receiver.
     message["Message-ID"] = f"<{letter.notification_id}@{sender_address.rpartition('@')[2]}>"

@@ -9,6 +9,7 @@ a connection that fails is tried again, a 5xx answer ends the row `failed`. Noth
 
 from __future__ import annotations
 
+import email.errors
 import logging
 import uuid
 from dataclasses import dataclass
@@ -51,8 +52,13 @@ async def send_email(
     assert settings.smtp_url is not None  # claim skips every row otherwise
     target = parse_smtp_url(settings.smtp_url)
     mail_from = parse_mail_from(settings.mail_from)
-    message = messages.compose(claimed.letter, public_base=settings.public_base, mail_from=mail_from)
-    answer = await send(target, message, mail_from[1], claimed.letter.recipient_email)
+    try:
+        message = messages.compose(claimed.letter, public_base=settings.public_base, mail_from=mail_from)
+    except (ValueError, email.errors.MessageError) as exc:
+        # An address the email package can't write (users' addresses are only loosely checked): no retry helps.
+        answer = Answer(ok=False, error=f"not sendable: {exc}"[:500], final=True)
+    else:
+        answer = await send(target, message, mail_from[1], claimed.letter.recipient_email)
     return await settle(settings, db, queue, claimed, answer, shown=target.shown)
 
 
