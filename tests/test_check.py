@@ -101,6 +101,7 @@ NAMES = {
     "queue",
     "clock",
     "signing key",
+    "email",
 }
 
 

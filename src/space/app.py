@@ -19,6 +19,7 @@ from space.exports.downloads import DownloadSlots
 from space.exports.links import load_signer
 from space.exports.routes import ExportController, manifest_schema_route, snapshot_schema_route
 from space.exports.storage.factory import open_result_store
+from space.notifications.routes import MeController
 from space.observability.requests import HTTP_METRICS, request_ids
 from space.orgs.routes import router as orgs_router
 from space.problems import EXCEPTION_HANDLERS, refuse_unreadable_paths
@@ -98,6 +99,7 @@ def create_app(settings: Settings) -> Litestar:
             ready,
             metrics_text,
             me,
+            MeController,
             orgs_router,
             projects_router,
             tickets_router,

@@ -59,6 +59,7 @@ MAINTENANCE_FUNCTIONS: dict[str, str | None] = {
     "space_exports_expired_results(integer)": "space_exports_expired_results(0)",
     "space_exports_orphan_executions(integer)": "space_exports_orphan_executions(0)",
     "space_webhooks_due_deliveries(integer, interval)": "space_webhooks_due_deliveries(0)",
+    "space_notifications_due_emails(integer, interval)": "space_notifications_due_emails(0)",
     "space_exports_queue_stats()": "space_exports_queue_stats()",
     # With no tenant context it answers an empty array without reading a row.
     "space_ticket_search(text, integer)": "space_ticket_search('', 0)",
@@ -72,6 +73,7 @@ MAINTENANCE_FUNCTIONS: dict[str, str | None] = {
 OWN_POLICY = {
     "space_maintenance_due_purges(integer)": ("organizations", "maintenance_due_purges"),
     "space_webhooks_due_deliveries(integer, interval)": ("webhook_deliveries", "maintenance_webhook_deliveries"),
+    "space_notifications_due_emails(integer, interval)": ("notifications", "maintenance_notifications"),
     "space_audit_purge(uuid, integer)": ("audit_events", "purge_audit"),
     "space_ticket_search(text, integer)": ("tickets", "search_tickets"),
     "space_exports_user_usage(uuid, interval)": ("export_jobs", "limits_user_usage"),
@@ -580,6 +582,21 @@ async def signing_key(p: Probe) -> Result:
     return ok("kept in the database (shared by every API host)")
 
 
+async def email(p: Probe) -> Result:
+    """Email (SPEC §19): off without SPACE_SMTP_URL; else the server answers (and takes the login, if one is set)."""
+    if p.settings.smtp_url is None:
+        return ok("off: SPACE_SMTP_URL is unset, so nothing is emailed (notifications stay in the app)")
+    from space.notifications.smtp import check_server, parse_smtp_url
+
+    target = parse_smtp_url(p.settings.smtp_url)
+    problem = await check_server(target)
+    if problem is not None:
+        return fail(
+            f"{target.shown}: {problem}", "check SPACE_SMTP_URL (host, port, TLS, user and password) and the server"
+        )
+    return ok(f"{target.shown} answers; mail from {p.settings.mail_from}")
+
+
 Check = Callable[[Probe], Awaitable[Result | None]]
 
 # In the order they print. A check returns None when its feature is not configured, and then prints no line.
@@ -595,6 +612,7 @@ CHECKS: list[tuple[str, Check]] = [
     ("clock", clock),
     ("signing key", signing_key),
     ("result store", result_store),
+    ("email", email),
 ]
 
 

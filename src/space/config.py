@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from space.notifications.smtp import check_mail_settings
+
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
@@ -110,10 +112,25 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     once, in its outbound lane: slots of their own, beside the worker_concurrency export slots."""
     outbound_org_concurrency: PositiveInt = 2
     """Outbound attempts of one org in flight at once, over every channel and every worker."""
+    smtp_url: str | None = None
+    """Where email is sent (SPEC §19): smtp://[user:pass@]host[:port] (?starttls=1), or smtps:// (implicit TLS).
+    None: nothing is emailed, in-app notifications only. A secret (its password): never logged or repeated."""
+    mail_from: str = "Space <space@localhost>"
+    """The From of every email: an address, with a display name or without."""
+    public_url: str | None = None
+    """Where people open the page, the base of every link an email holds; None: http://SPACE_HOST:SPACE_PORT."""
+    mail_retry_seconds: Annotated[float, msgspec.Meta(ge=0)] = 60
+    """Delay before an email's second attempt, in seconds; each later attempt waits twice as long (7 retries)."""
 
     def __post_init__(self) -> None:
         # Fails start-up (wrapped by msgspec as a validation error naming the field) on a malformed entry.
         parse_networks(self.trusted_proxies)
+        check_mail_settings(self.smtp_url, self.mail_from, self.public_url)
+
+    @property
+    def public_base(self) -> str:
+        """SPACE_PUBLIC_URL without a trailing slash, or http://SPACE_HOST:SPACE_PORT."""
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
 
 
 # Environment variable -> Settings field. Only these are read; everything else in the environment is ignored.
@@ -161,10 +178,14 @@ ENV_VARS: dict[str, str] = {
     "SPACE_WORKER_METRICS_PORT": "worker_metrics_port",
     "SPACE_OUTBOUND_CONCURRENCY": "outbound_concurrency",
     "SPACE_OUTBOUND_ORG_CONCURRENCY": "outbound_org_concurrency",
+    "SPACE_SMTP_URL": "smtp_url",
+    "SPACE_MAIL_FROM": "mail_from",
+    "SPACE_PUBLIC_URL": "public_url",
+    "SPACE_MAIL_RETRY_SECONDS": "mail_retry_seconds",
 }
 _FIELD_TO_ENV = {field: env for env, field in ENV_VARS.items()}
 _PREFIX = "SPACE_"
-_SECRET_FIELDS = frozenset({"secret_key"})
+_SECRET_FIELDS = frozenset({"secret_key", "smtp_url"})
 """Settings whose value an error message never repeats."""
 
 

@@ -31,6 +31,8 @@ from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_e
 from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT
 from space.exports.storage.factory import open_result_store
+from space.notifications.jobs import send_email_job, sweep_emails_job
+from space.notifications.outbox import SEND_EMAIL
 from space.observability.metrics import WorkerMetricsServer
 from space.orgs.jobs import purge_due_job
 from space.queue import PutBack, QueueIdentity, guarded, make_queue, queue_identity
@@ -156,8 +158,11 @@ async def build_workers(
     # Every job and cron entry is `guarded`: one of another installation sharing the broker is handed back.
     outbound: Worker[Any] = Worker(
         outbound_queue,
-        functions=[(DELIVER_WEBHOOK, guarded(deliver_webhook_job))],
-        cron_jobs=[CronJob(guarded(sweep_webhooks_job), cron=EVERY_MINUTE, timeout=60)],
+        functions=[(DELIVER_WEBHOOK, guarded(deliver_webhook_job)), (SEND_EMAIL, guarded(send_email_job))],
+        cron_jobs=[
+            CronJob(guarded(sweep_webhooks_job), cron=EVERY_MINUTE, timeout=60),
+            CronJob(guarded(sweep_emails_job), cron=EVERY_MINUTE, timeout=60),
+        ],
         concurrency=settings.outbound_concurrency,
         startup=outbound_startup,
         timers=timers,

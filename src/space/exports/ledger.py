@@ -189,6 +189,20 @@ async def in_org(
     return None if row is None else (row[0], row[1])
 
 
+async def ended_facts(
+    session: AsyncSession, org_id: uuid.UUID, export_id: uuid.UUID
+) -> tuple[uuid.UUID, dt.datetime | None] | None:
+    """Who created an export and until when its result may be downloaded (what its end's notice says)."""
+    row = (
+        await session.execute(
+            select(ExportJob.creator_id, ExportJob.expires_at).where(
+                ExportJob.id == export_id, ExportJob.org_id == org_id
+            )
+        )
+    ).first()
+    return None if row is None else (row[0], row[1])
+
+
 async def cancel_active_of(
     session: AsyncSession, org_id: uuid.UUID, creator_id: uuid.UUID, scopes: tuple[str, ...], code: str
 ) -> list[tuple[uuid.UUID, str]]:

@@ -8,8 +8,9 @@ removed (`service.cancel_for_role`). It writes the audit row, then hands the out
 `CHANNELS`. A channel writes what it owes in the same transaction (rows of its outbox, `space.outbox`) and
 enqueues after the commit, so what is sent exists exactly when the outcome committed.
 
-Channels today: webhooks. Email notifications (SPEC §19) and deliveries to a customer's bucket (§22) are each
-one more function in `CHANNELS`, deciding for themselves which outcomes they send.
+Channels today: webhooks, and notifications (SPEC §19: in the app and by email, to the export's creator).
+Deliveries to a customer's bucket (§22) are one more function in `CHANNELS`, deciding for itself which outcomes
+it sends.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from saq import Queue
 from space.audit import service as audit
 from space.audit.models import AuditAction
 from space.db import UnitOfWork
+from space.exports import ledger
 from space.exports.models import ExportState
+from space.notifications import service as notifications
+from space.notifications.models import NotificationType
 from space.webhooks import service as webhooks
 from space.webhooks.models import EventType
 from space.webhooks.schemas import EventData
@@ -132,5 +136,35 @@ async def _webhooks(uow: UnitOfWork, queue: Queue | None, outcome: Outcome) -> N
     await webhooks.emit(uow, queue, event, data)
 
 
-CHANNELS: tuple[Channel, ...] = (_webhooks,)
-"""Every outbound channel, in the order they are told. Email (SPEC §19) and destinations (§22) go here."""
+async def _notifications(uow: UnitOfWork, queue: Queue | None, outcome: Outcome) -> None:
+    # SPEC §19: the creator hears of a completion, a failure, and a cancellation by someone else (an owner or admin,
+    # or a role change or removal: those outcomes name the creator); one's own cancel needs no telling.
+    if outcome.state is ExportState.completed:
+        type_ = NotificationType.export_completed
+    elif outcome.state is ExportState.failed:
+        type_ = NotificationType.export_failed
+    elif outcome.creator_id is not None and outcome.creator_id != outcome.actor_id:
+        type_ = NotificationType.export_cancelled
+    else:
+        return
+    facts = await ledger.ended_facts(uow.session, outcome.org_id, outcome.export_id)
+    if facts is None:
+        return
+    creator_id, expires_at = facts
+    await notifications.export_ended(
+        uow,
+        queue,
+        type_,
+        org_id=outcome.org_id,
+        export_id=outcome.export_id,
+        kind=outcome.kind,
+        creator_id=creator_id,
+        row_count=outcome.row_count,
+        byte_size=outcome.byte_size,
+        expires_at=expires_at if outcome.state is ExportState.completed else None,
+        error_code=outcome.error_code,
+    )
+
+
+CHANNELS: tuple[Channel, ...] = (_webhooks, _notifications)
+"""Every outbound channel, in the order they are told. Destinations (§22) go here."""

@@ -37,6 +37,12 @@ def provide_queue(state: State) -> Queue:
     return queue
 
 
+def provide_outbound_queue(state: State) -> Queue:
+    """The API's queue of the outbound lane: what an ended export owes (webhooks, emails) is enqueued there."""
+    queue: Queue = state.outbound_queue
+    return queue
+
+
 def provide_store(state: State) -> ResultStore:
     """The app's result store (SPACE_RESULT_STORE), opened in its lifespan."""
     store: ResultStore = state.store
@@ -157,6 +163,7 @@ class ExportController(Controller):
     dependencies = {
         **MEMBER,
         "queue": Provide(provide_queue, sync_to_thread=False),
+        "outbound": Provide(provide_outbound_queue, sync_to_thread=False),
         "store": Provide(provide_store, sync_to_thread=False),
         "settings": Provide(provide_settings, sync_to_thread=False),
         "slots": Provide(provide_download_slots, sync_to_thread=False),
@@ -197,10 +204,16 @@ class ExportController(Controller):
 
     @delete("/{export_id:str}")
     async def remove(
-        self, ctx: NamedDependency[MemberContext], export_id: FromPath[str], store: NamedDependency[ResultStore]
+        self,
+        ctx: NamedDependency[MemberContext],
+        export_id: FromPath[str],
+        store: NamedDependency[ResultStore],
+        outbound: NamedDependency[Queue],
     ) -> None:
         """Cancel a queued/running export, or delete a finished one (owners and admins: any member's)."""
-        await service.delete_export(ctx.uow, ctx.org.id, ctx.membership, parse_id(export_id), store, ip=ctx.ip)
+        await service.delete_export(
+            ctx.uow, ctx.org.id, ctx.membership, parse_id(export_id), store, ip=ctx.ip, queue=outbound
+        )
 
     @post("/{export_id:str}/links", status_code=201)
     async def create_link(

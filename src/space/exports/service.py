@@ -253,11 +253,13 @@ async def delete_export(
     store: ResultStore,
     *,
     ip: str | None = None,
+    queue: Queue | None = None,
 ) -> None:
     """Cancel a queued/running export; delete a finished one (its row stays hidden, its bytes go).
 
     Owners and admins may also stop another member's export (`cancelled_by_admin`) or take its result away
-    (the owner's download then answers 410 `export_revoked`); they never get its content.
+    (the owner's download then answers 410 `export_revoked`); they never get its content. What a cancellation
+    owes (the creator's notification) is enqueued on `queue` after the commit (None: its sweeper sends it).
     """
     member = _member(membership)
     session = uow.session
@@ -267,15 +269,14 @@ async def delete_export(
         if job.state in ledger.ACTIVE:
             ledger.cancel(job, now, CANCELLED)
             outcome = outcomes.cancelled(job.id, org_id, job.kind, CANCELLED, actor_id=member.user_id, ip=ip)
-            # No queue: no channel sends anything for a cancellation yet (one that does is swept, or passes one).
-            await outcomes.ended(uow, None, outcome)
+            await outcomes.ended(uow, queue, outcome)
         else:
             ledger.hide(job, now)
             await _audit_deleted(session, job, member.user_id, ip, {"revoked": False})
     else:
         if Role(member.role) not in orgs.MANAGERS:
             raise NotFound()
-        found = await _as_manager(uow, org_id, member.user_id, export_id, ip)
+        found = await _as_manager(uow, org_id, member.user_id, export_id, ip, queue)
         if found is None:
             return
         job = found
@@ -294,7 +295,7 @@ async def delete_export(
 
 
 async def _as_manager(
-    uow: UnitOfWork, org_id: uuid.UUID, user_id: uuid.UUID, export_id: uuid.UUID, ip: str | None
+    uow: UnitOfWork, org_id: uuid.UUID, user_id: uuid.UUID, export_id: uuid.UUID, ip: str | None, queue: Queue | None
 ) -> ExportJob | None:
     # Under the org lock, as every decision by role (a demotion meanwhile is seen) and ordered with publishes.
     session = uow.session
@@ -311,7 +312,7 @@ async def _as_manager(
         outcome = outcomes.cancelled(
             job.id, org_id, job.kind, CANCELLED_BY_ADMIN, actor_id=user_id, ip=ip, creator_id=job.creator_id
         )
-        await outcomes.ended(uow, None, outcome)
+        await outcomes.ended(uow, queue, outcome)
         return job
     if job.state == ExportState.completed and job.error_code != ledger.REVOKED:
         ledger.revoke(job, now)
@@ -344,10 +345,11 @@ async def cancel_for_role(
     *,
     actor_id: uuid.UUID,
     ip: str | None = None,
+    queue: Queue | None = None,
 ) -> list[uuid.UUID]:
     """Cancel (`access_revoked`) the member's queued and running exports that `role` can't hold (None: removed),
-    in the caller's transaction, which holds the org lock, each outcome recorded in it (`outcomes.ended`); the ids
-    cancelled. Their workers lose their fence."""
+    in the caller's transaction, which holds the org lock, each outcome recorded in it (`outcomes.ended`, its jobs
+    enqueued on `queue` after the commit); the ids cancelled. Their workers lose their fence."""
     if role is None:
         scopes: tuple[str, ...] = (ExportScope.own.value, ExportScope.team.value)
     elif not role.is_staff:
@@ -359,7 +361,7 @@ async def cancel_for_role(
         outcome = outcomes.cancelled(
             export_id, org_id, kind, ACCESS_REVOKED, actor_id=actor_id, ip=ip, creator_id=user_id
         )
-        await outcomes.ended(uow, None, outcome)
+        await outcomes.ended(uow, queue, outcome)
     return [export_id for export_id, _ in cancelled]
 
 

@@ -45,6 +45,8 @@ _PATTERNS = (
     (re.compile(r"\bspc_[A-Za-z0-9_-]+"), REDACTED),
     # the value of every query parameter: ?token=..., &q=...
     (re.compile(r"([?&][^=&\s?#\"']{1,64})=" + _STOP + "*"), r"\1=" + REDACTED),
+    # the password of a URL's user part: smtp://user:<password>@host (SPACE_SMTP_URL), postgresql://...
+    (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@"), r"\1" + REDACTED + "@"),
     # token=..., q=... written as a key and a value elsewhere (a repr, a form body)
     (re.compile(r"""(?i)(\b(?:token|q|authorization)["']?\s*[:=]\s*["']?)""" + _STOP + "+"), r"\1" + REDACTED),
 )

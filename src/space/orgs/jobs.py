@@ -33,6 +33,7 @@ PURGE_TABLES: tuple[str, ...] = (
     "webhook_attempts",
     "webhook_deliveries",
     "webhook_endpoints",
+    "notifications",
     "tickets",
     "tasks",
     "projects",

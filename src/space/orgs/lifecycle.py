@@ -19,6 +19,7 @@ from space.audit.models import AuditAction
 from space.db import UnitOfWork
 from space.errors import FinalExportRecommended, InvalidRequest, InvalidTransition
 from space.exports import service as exports
+from space.notifications import service as notifications
 from space.orgs.models import Organization, OrgState, Role
 from space.orgs.schemas import DeletionRequest, Org
 from space.orgs.service import authority, lock_org, org_out
@@ -172,8 +173,8 @@ async def request_deletion(
 ) -> Org:
     """active|suspended -> deleting, with deleteAfter = now + grace; needs the name and a recent final export.
 
-    The org's `org.deletion_requested` webhooks are owed in the same transaction and enqueued on `queue` (the
-    outbound lane's) after it.
+    The org's `org.deletion_requested` webhooks and every owner's notifications are owed in the same transaction and
+    enqueued on `queue` (the outbound lane's) after it.
     """
     session = uow.session
     if data.confirm != org.name:
@@ -199,6 +200,7 @@ async def request_deletion(
         details={"skipFinalExport": data.skip_final_export},
     )
     await webhooks.emit(uow, queue, EventType.org_deletion_requested, EventData(org_id=locked.id))
+    await notifications.deletion_requested(uow, queue, locked.id, owner_id, locked.delete_after)
     return org_out(locked)
 
 

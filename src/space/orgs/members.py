@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 
+from saq import Queue
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -55,9 +56,11 @@ async def change_role(
     role: Role,
     *,
     ip: str | None = None,
+    queue: Queue | None = None,
 ) -> Member:
     """Change a member's role under the org lock (ordered against export publishes), as `actor_id` then; their
-    queued and running exports the new role can't hold are cancelled in the same transaction."""
+    queued and running exports the new role can't hold are cancelled in the same transaction (what that owes is
+    enqueued on `queue` after it)."""
     session = uow.session
     actor_role = await _lock_as_manager(session, org_id, actor_id)
     m = await _target(session, org_id, actor_role, user_id)
@@ -77,13 +80,19 @@ async def change_role(
             ip=ip,
             details={"from": before, "to": role.value},
         )
-        await exports.cancel_for_role(uow, org_id, user_id, role, actor_id=actor_id, ip=ip)
+        await exports.cancel_for_role(uow, org_id, user_id, role, actor_id=actor_id, ip=ip, queue=queue)
     user = await session.get_one(User, user_id)
     return member_out(m, user)
 
 
 async def remove_member(
-    uow: UnitOfWork, org_id: uuid.UUID, actor_id: uuid.UUID, user_id: uuid.UUID, *, ip: str | None = None
+    uow: UnitOfWork,
+    org_id: uuid.UUID,
+    actor_id: uuid.UUID,
+    user_id: uuid.UUID,
+    *,
+    ip: str | None = None,
+    queue: Queue | None = None,
 ) -> None:
     """Remove a member under the org lock, as `actor_id` then; the last owner stays. Their queued and running
     exports are cancelled in the same transaction."""
@@ -103,7 +112,7 @@ async def remove_member(
         ip=ip,
         details={"role": m.role},
     )
-    await exports.cancel_for_role(uow, org_id, user_id, None, actor_id=actor_id, ip=ip)
+    await exports.cancel_for_role(uow, org_id, user_id, None, actor_id=actor_id, ip=ip, queue=queue)
 
 
 async def _lock_as_manager(session: AsyncSession, org_id: uuid.UUID, actor_id: uuid.UUID) -> Role:

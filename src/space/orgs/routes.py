@@ -65,17 +65,31 @@ class MemberController(Controller):
 
     @patch("/{user_id:str}", opt={"roles": ADMINS})
     async def change_role(
-        self, ctx: NamedDependency[MemberContext], user_id: FromPath[str], data: JSONBody[MemberUpdate]
+        self,
+        request: Request[Any, Any, Any],
+        ctx: NamedDependency[MemberContext],
+        user_id: FromPath[str],
+        data: JSONBody[MemberUpdate],
     ) -> Member:
         """Change a member's role."""
         return await members.change_role(
-            ctx.uow, ctx.org.id, ctx.principal.user_id, parse_id(user_id), data.role, ip=ctx.ip
+            ctx.uow,
+            ctx.org.id,
+            ctx.principal.user_id,
+            parse_id(user_id),
+            data.role,
+            ip=ctx.ip,
+            queue=request.app.state.outbound_queue,
         )
 
     @delete("/{user_id:str}", opt={"roles": ADMINS})
-    async def remove(self, ctx: NamedDependency[MemberContext], user_id: FromPath[str]) -> None:
+    async def remove(
+        self, request: Request[Any, Any, Any], ctx: NamedDependency[MemberContext], user_id: FromPath[str]
+    ) -> None:
         """Remove a member."""
-        await members.remove_member(ctx.uow, ctx.org.id, ctx.principal.user_id, parse_id(user_id), ip=ctx.ip)
+        await members.remove_member(
+            ctx.uow, ctx.org.id, ctx.principal.user_id, parse_id(user_id), ip=ctx.ip, queue=request.app.state.outbound_queue
+        )
 
 
 class LifecycleController(Controller):

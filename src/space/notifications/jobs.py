@@ -1,0 +1,23 @@
+"""SAQ entry points of notifications: one attempt of an email, and the sweeper for lost or stalled ones."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from space.notifications.outbox import EMAILS
+from space.notifications.sending import send_email
+
+SWEEP_LIMIT = 500
+
+
+async def send_email_job(ctx: Any, *, notification_id: str, org_id: str) -> str:
+    """SAQ job: make an email's next attempt (and schedule the one after, if it may pass)."""
+    worker = ctx.get("worker")
+    queue = worker.queue if worker is not None else None
+    return await send_email(ctx["settings"], ctx["db"], queue, uuid.UUID(notification_id), uuid.UUID(org_id))
+
+
+async def sweep_emails_job(ctx: Any) -> dict[str, int]:
+    """SAQ cron: enqueue emails whose entry was lost (overdue) or whose worker died (lease ran out)."""
+    return {"enqueued": await EMAILS.sweep(ctx["db"], ctx["worker"].queue, SWEEP_LIMIT)}

@@ -1,0 +1,84 @@
+"""Notifications, one row per recipient and channel (the email rows are an outbox), and email preferences
+(migration 0018)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import uuid
+from typing import Any
+
+from sqlalchemy import Computed, ForeignKey
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from space.db.base import Base, created_at, updated_at
+from space.outbox import Owed
+
+
+class NotificationType(enum.StrEnum):
+    """What people are told about (SPEC §19); every one is emailed unless its recipient turned it off.
+
+    Schedules (§21) and imports (§23) add theirs here: the table checks the form of a type, not a list.
+    """
+
+    export_completed = "export.completed"
+    export_failed = "export.failed"
+    export_cancelled = "export.cancelled"
+    org_deletion_requested = "org.deletion_requested"
+
+
+class Channel(enum.StrEnum):
+    """In the app (delivered by being written) or by email (sent by the worker)."""
+
+    app = "app"
+    email = "email"
+
+
+class Skipped(enum.StrEnum):
+    """Why an email was not sent (the row's `last_error` when its state is `skipped`)."""
+
+    email_off = "email_off"
+    """SPACE_SMTP_URL is not set."""
+    not_member = "not_member"
+    """The recipient is no longer a member of the org."""
+    preference_off = "preference_off"
+    """The recipient turned this type of email off."""
+
+
+SKIPPED = "skipped"
+"""The state of an email row that was not sent, and never will be (`Skipped` says why)."""
+
+
+class Notification(Owed, Base):
+    """One event told to one person on one channel. For email, a row of the outbox (`Owed`); `status` is the
+    state as SPEC §19 names it (a pending row already tried reads `retrying`)."""
+
+    __tablename__ = "notifications"
+    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"), primary_key=True)
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"))
+    channel: Mapped[str]
+    type: Mapped[str]
+    export_id: Mapped[uuid.UUID | None]
+    schedule_id: Mapped[uuid.UUID | None]
+    import_id: Mapped[uuid.UUID | None]
+    title: Mapped[str]
+    details: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    """What the email says beyond the title: kind, rows, bytes, expiry, error code (never content)."""
+    read_at: Mapped[dt.datetime | None]
+    status: Mapped[str] = mapped_column(
+        Computed("CASE WHEN state = 'pending' AND attempts > 0 THEN 'retrying' ELSE state END")
+    )
+    last_error: Mapped[str | None]
+    created_at: Mapped[dt.datetime] = created_at()
+
+
+class NotificationPreference(Base):
+    """One email type a user set (a type with no row is on)."""
+
+    __tablename__ = "notification_preferences"
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    type: Mapped[str] = mapped_column(primary_key=True)
+    email: Mapped[bool]
+    updated_at: Mapped[dt.datetime] = updated_at()

@@ -1,0 +1,175 @@
+"""One attempt of one email, top to bottom: claim -> check the recipient again -> compose -> send -> settle.
+
+The claim and the check are one transaction (the org's tenant, then the recipient's for their preferences): a
+recipient who is no longer a member, or who turned that type off, or an installation without SPACE_SMTP_URL,
+ends the row `skipped` there, and nothing is sent. No transaction is open while the SMTP session runs. The
+claim, the fenced settle, the backoff and the next entry are the outbox's (`space.outbox`); an SMTP 4xx answer or
+a connection that fails is tried again, a 5xx answer ends the row `failed`. Nothing here touches an export.
+"""
+
+from __future__ import annotations
+
+import email.errors
+import logging
+import uuid
+from dataclasses import dataclass
+
+from saq import Queue
+from sqlalchemy import select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from space.auth.models import User
+from space.config import Settings
+from space.db import Database, Tenant, UnitOfWork
+from space.notifications import messages, service
+from space.notifications.messages import Letter
+from space.notifications.models import SKIPPED, Notification, NotificationType, Skipped
+from space.notifications.outbox import EMAILS
+from space.notifications.smtp import Answer, parse_mail_from, parse_smtp_url, send
+from space.orgs import service as orgs
+
+log = logging.getLogger("space.notifications")
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """An attempt this worker now owns: which try, and the letter to send."""
+
+    notification_id: uuid.UUID
+    org_id: uuid.UUID
+    user_id: uuid.UUID
+    attempt: int
+    letter: Letter
+
+
+async def send_email(
+    settings: Settings, db: Database, queue: Queue | None, notification_id: uuid.UUID, org_id: uuid.UUID
+) -> str:
+    """Make the email's next attempt; returns delivered, retrying, failed, skipped or not_claimed."""
+    claimed = await claim(settings, db, notification_id, org_id)
+    if not isinstance(claimed, Claimed):
+        return claimed
+    assert settings.smtp_url is not None  # claim skips every row otherwise
+    target = parse_smtp_url(settings.smtp_url)
+    mail_from = parse_mail_from(settings.mail_from)
+    try:
+        message = messages.compose(claimed.letter, public_base=settings.public_base, mail_from=mail_from)
+    except (ValueError, email.errors.MessageError) as exc:
+        # An address the email package can't write (users' addresses are only loosely checked): no retry helps.
+        answer = Answer(ok=False, error=f"not sendable: {exc}"[:500], final=True)
+    else:
+        answer = await send(target, message, mail_from[1], claimed.letter.recipient_email)
+    return await settle(settings, db, queue, claimed, answer, shown=target.shown)
+
+
+async def claim(settings: Settings, db: Database, notification_id: uuid.UUID, org_id: uuid.UUID) -> Claimed | str:
+    """Take the next attempt (`EMAILS.claim`) and check the recipient again: a Claimed to send, else what became of
+    the row (not_claimed: done, or another worker has it; skipped)."""
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=org_id)) as uow:
+        session = uow.session
+        row = await EMAILS.claim(
+            session,
+            notification_id,
+            org_id,
+            Notification.user_id,
+            Notification.type,
+            Notification.export_id,
+            Notification.title,
+            Notification.details,
+            Notification.created_at,
+        )
+        if row is None:
+            return "not_claimed"
+        attempt, user_id, type_, export_id, title, details, created_at = row
+        # The recipient's own context: their preferences are theirs to read (migration 0018).
+        await uow.retenant(Tenant(org_id=org_id, user_id=user_id))
+        reason = await _why_not(settings, session, org_id, user_id, type_)
+        if reason is not None:
+            await _skip(session, notification_id, org_id, attempt, reason)
+        else:
+            user = (await session.execute(select(User.name, User.email).where(User.id == user_id))).one()
+            org_name = await orgs.org_name(session, org_id)
+    if reason is not None:
+        log.info("email %s to user %s skipped: %s", notification_id, user_id, reason.value)
+        return SKIPPED
+    letter = Letter(
+        notification_id=notification_id,
+        type=NotificationType(type_),
+        org_id=org_id,
+        org_name=org_name,
+        export_id=export_id,
+        title=title,
+        details=details,
+        at=created_at,
+        recipient_name=user.name,
+        recipient_email=user.email,
+    )
+    return Claimed(notification_id, org_id, user_id, attempt, letter)
+
+
+async def _why_not(
+    settings: Settings, session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, type_: str
+) -> Skipped | None:
+    if settings.smtp_url is None:
+        return Skipped.email_off
+    if await orgs.membership_of(session, org_id, user_id) is None:
+        return Skipped.not_member
+    if not await service.email_on(session, user_id, type_):
+        return Skipped.preference_off
+    return None
+
+
+async def _skip(
+    session: AsyncSession, notification_id: uuid.UUID, org_id: uuid.UUID, attempt: int, reason: Skipped
+) -> None:
+    # Fenced like a settle: only the attempt this transaction claimed is skipped.
+    t = Notification
+    await session.execute(
+        update(t)
+        .where(t.id == notification_id, t.org_id == org_id, t.attempts == attempt, t.state == "sending")
+        .values(state=SKIPPED, lease_expires_at=None, finished_at=text("clock_timestamp()"), last_error=reason.value)
+        .execution_options(synchronize_session=False)
+    )
+
+
+async def settle(
+    settings: Settings, db: Database, queue: Queue | None, claimed: Claimed, answer: Answer, *, shown: str
+) -> str:
+    """Move the row on after the attempt (delivered; failed on a 5xx or the last attempt; else pending until its
+    backoff), fenced by the attempt, and enqueue the next one."""
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=claimed.org_id)) as uow:
+        settled = await EMAILS.settle(
+            uow.session,
+            claimed.notification_id,
+            claimed.org_id,
+            claimed.attempt,
+            ok=answer.ok,
+            final=answer.final,
+            retry_base=settings.mail_retry_seconds,
+        )
+        if settled is None:
+            return "not_claimed"
+        if answer.error is not None:
+            t = Notification
+            await uow.session.execute(
+                update(t)
+                .where(t.id == claimed.notification_id, t.org_id == claimed.org_id)
+                .values(last_error=answer.error)
+                .execution_options(synchronize_session=False)
+            )
+    level = logging.INFO if answer.ok else logging.WARNING
+    log.log(
+        level,
+        "email %s to user %s via %s, attempt %d: %s%s",
+        claimed.notification_id,
+        claimed.user_id,
+        shown,
+        claimed.attempt,
+        settled.result,
+        f" ({answer.error})" if answer.error else "",
+    )
+    if settled.retrying and queue is not None:
+        await EMAILS.enqueue(
+            queue, claimed.notification_id, claimed.org_id, attempt=claimed.attempt + 1, delay=settled.delay
+        )
+    return settled.result
