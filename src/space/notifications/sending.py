@@ -77,6 +77,7 @@ async def claim(settings: Settings, db: Database, notification_id: uuid.UUID, or
             Notification.title,
             Notification.details,
             Notification.created_at,
+            org_concurrency=settings.outbound_org_concurrency,
         )
         if row is None:
             return "not_claimed"

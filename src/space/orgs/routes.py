@@ -88,7 +88,12 @@ class MemberController(Controller):
     ) -> None:
         """Remove a member."""
         await members.remove_member(
-            ctx.uow, ctx.org.id, ctx.principal.user_id, parse_id(user_id), ip=ctx.ip, queue=request.app.state.outbound_queue
+            ctx.uow,
+            ctx.org.id,
+            ctx.principal.user_id,
+            parse_id(user_id),
+            ip=ctx.ip,
+            queue=request.app.state.outbound_queue,
         )
 
 
