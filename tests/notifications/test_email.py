@@ -26,7 +26,7 @@ from space.notifications.jobs import sweep_emails_job
 from space.notifications.models import NotificationType
 from space.notifications.outbox import EMAILS, SEND_EMAIL, retry_schedule
 from space.notifications.sending import send_email
-from space.queue import open_queue
+from space.queue import open_outbound_queue
 from space.worker import run_worker
 from tests.exports.fixtures import WAIT, add_tickets, create_export, download, runner, tuned, uid, wait_for, wait_state
 from tests.helpers import Api, Org, TestUser, UserFactory, free_port
@@ -313,7 +313,7 @@ async def test_two_workers_draining_one_outbox_send_each_email_once(
         "SELECT id FROM notifications WHERE org_id = %s AND channel = 'email' AND title = 'Acme is going'", (org.id,)
     ).fetchall()
     assert len(rows) == len(people)
-    queue = await open_queue(mail, db, application_name="space-tests-emails")
+    queue = await open_outbound_queue(mail, db, application_name="space-tests-emails")
     await queue.connect()
     try:
         for (row_id,) in rows:
@@ -324,7 +324,7 @@ async def test_two_workers_draining_one_outbox_send_each_email_once(
                 job = EMAILS.job(row_id, oid, attempt=1, delay=0.0)
                 await queue.enqueue(Job(function=SEND_EMAIL, kwargs=job.kwargs, key=f"{job.key}:{copy}", retries=1))
         # Two slots each: enough to race, and frugal with the server's connections.
-        pair = tuned(mail, worker_concurrency=2)
+        pair = tuned(mail, worker_concurrency=1, outbound_concurrency=2)
         async with worker(pair), worker(pair):
             for person in people:
                 await received(smtp, person)
@@ -347,7 +347,7 @@ async def test_the_sweeper_sends_an_email_whose_enqueue_was_lost(
     owner.execute(
         "UPDATE notifications SET next_attempt_at = now() - interval '2 minutes' WHERE id = %s", (notification_id,)
     )
-    queue = await open_queue(mail, db, application_name="space-tests-sweeper")
+    queue = await open_outbound_queue(mail, db, application_name="space-tests-sweeper")
     await queue.connect()
     try:
         ctx = {"db": db, "worker": type("W", (), {"queue": queue})()}
