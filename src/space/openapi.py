@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from litestar import Litestar, Request, Response
+from litestar import Litestar, MediaType, Request, Response
 from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import ResponseSpec
@@ -42,6 +42,7 @@ from litestar.typing import FieldDefinition
 
 from space.auth.middleware import PUBLIC_PATHS
 from space.errors import (
+    ExportNotReady,
     Forbidden,
     InvalidRequest,
     NotFound,
@@ -76,8 +77,8 @@ class PayloadTooLarge(SpaceError):
 DATABASE_REFUSALS: tuple[type[SpaceError], ...] = (QueryTimeout,)
 """What any request that reads the database may be answered with, whatever its route."""
 
-RETRY_AFTER_STATUSES = frozenset({409, 429, 503})
-"""Statuses whose refusals may carry `Retry-After` (a rate limit, a busy server, an export not ready yet)."""
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+"""Statuses whose refusals may carry `Retry-After` (a rate limit, a busy or slow server), and one 409 besides."""
 
 PROBLEM = "Problem"
 PROBLEM_SCHEMA = Schema(
@@ -208,7 +209,7 @@ def _describe(errors: list[type[SpaceError]] | tuple[type[SpaceError], ...]) -> 
 
 def _problem(status: int, errors: list[type[SpaceError]]) -> OpenAPIResponse:
     headers: dict[str, OpenAPIHeader | Reference] = {}
-    if status in RETRY_AFTER_STATUSES:
+    if status in RETRY_AFTER_STATUSES or ExportNotReady in errors:
         headers["Retry-After"] = OpenAPIHeader(
             schema=Schema(type=OpenAPIType.INTEGER), description="Seconds to wait before trying again, when known."
         )
@@ -249,5 +250,6 @@ async def allow_every_method(request: Request[Any, Any, Any]) -> Response[None] 
     template = request.scope.get("path_template")
     for route in request.app.routes:
         if isinstance(route, HTTPRoute) and route.path_format == template:
-            return Response(None, status_code=204, headers={"Allow": ", ".join(sorted(route.methods))})
+            allow = ", ".join(sorted(route.methods))
+            return Response(None, status_code=204, headers={"Allow": allow}, media_type=MediaType.TEXT)
     return None
