@@ -2,7 +2,7 @@
 status, content type, headers and schema conformance, positive and negative data, auth, methods, stateful
 links), in-process against the ASGI app, authenticated as an org's owner. Any mismatch fails the test.
 
-Bounded by examples per operation and stateful steps (about 1,100 requests). The other tests hold what the run
+Bounded by examples per operation and stateful steps (about 1,000 requests). The other tests hold what the run
 relies on: every refusal of a route kind derived for a route nobody described, public routes without security,
 closed request bodies, the export list's union, the Problem schema, OPTIONS' `Allow`.
 """
@@ -41,7 +41,7 @@ from space.schemas import Input
 from tests.exports.fixtures import add_project, add_tickets, create_export, runner, uid
 from tests.helpers import Api, Org
 
-MAX_EXAMPLES = 5
+MAX_EXAMPLES = 3
 """Fuzzed examples per operation and phase (the coverage phase adds its own edge cases on top)."""
 
 REFUSED_BY_RULE = {
