@@ -48,6 +48,7 @@ from space.errors import (
     NotFound,
     OrgDeleting,
     OrgSuspended,
+    PayloadTooLarge,
     QueryTimeout,
     SpaceError,
     Unauthenticated,
@@ -66,12 +67,6 @@ SECURITY_SCHEMES = {
         description="A download link's token (POST .../links): the result route only.",
     ),
 }
-
-
-class PayloadTooLarge(SpaceError):
-    """Litestar's own refusal of a body over `request_max_body_size` (space.problems gives it this code)."""
-
-    status, code, title = 413, "payload_too_large", "Request body too large"
 
 
 DATABASE_REFUSALS: tuple[type[SpaceError], ...] = (QueryTimeout,)

@@ -15,7 +15,7 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
 from sqlalchemy.exc import DBAPIError
 
-from space.errors import TIMEOUT_RETRY_AFTER, InvalidRequest, NotFound, QueryTimeout, SpaceError
+from space.errors import TIMEOUT_RETRY_AFTER, InvalidRequest, NotFound, PayloadTooLarge, QueryTimeout, SpaceError
 
 log = logging.getLogger("space")
 
@@ -58,7 +58,7 @@ _CODES_BY_STATUS = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
-    413: "payload_too_large",
+    413: PayloadTooLarge.code,
     415: "unsupported_media_type",
 }
 
