@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from litestar import Litestar
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
-from litestar.openapi.spec import Components, SecurityScheme
+from litestar.openapi.spec import Components
 
 from space.audit.routes import AuditController
 from space.auth.deps import DEPENDENCIES
@@ -21,6 +21,7 @@ from space.exports.routes import ExportController, manifest_schema_route, snapsh
 from space.exports.storage.factory import open_result_store
 from space.notifications.routes import MeController
 from space.observability.requests import HTTP_METRICS, request_ids
+from space.openapi import BEARER, SECURITY_SCHEMES, InputSchemas, allow_every_method, complete_document
 from space.orgs.routes import router as orgs_router
 from space.problems import EXCEPTION_HANDLERS, refuse_unreadable_paths
 from space.projects.routes import router as projects_router
@@ -118,17 +119,19 @@ def create_app(settings: Settings) -> Litestar:
         logging_config=None,
         lifespan=[lifespan],
         request_max_body_size=MAX_BODY_BYTES,
+        before_request=allow_every_method,
+        plugins=[InputSchemas()],
         openapi_config=OpenAPIConfig(
             title="Space",
             version="1",
             path="/schema",
             render_plugins=[JsonRenderPlugin()],
-            components=Components(
-                security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer", description="API token")}
-            ),
-            security=[{"bearer": []}],
+            components=Components(security_schemes=dict(SECURITY_SCHEMES)),
+            # The default; every operation also says its own (space.openapi), public ones `security: []`.
+            security=[{BEARER: []}],
         ),
     )
+    complete_document(app)
     # Request ids and request lines wrap everything, the exception handler and the router included (as Litestar's
     # own OpenTelemetry plugin wraps it): a 401 from a middleware and a 404 of an unknown route get them too. Inside
     # them, a path no route could have (a NUL in it) is answered 404 before anything reads it.

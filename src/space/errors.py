@@ -38,6 +38,12 @@ class LinkInvalid(SpaceError):
     status, code, title = 401, "link_invalid", "Download link not valid"
 
 
+class PayloadTooLarge(SpaceError):
+    """A body over the API's limit; Litestar refuses it before any handler (space.problems maps it to this code)."""
+
+    status, code, title = 413, "payload_too_large", "Request body too large"
+
+
 class Forbidden(SpaceError):
     status, code, title = 403, "forbidden", "Forbidden"
 

@@ -31,6 +31,7 @@ from space.errors import (
     UNAVAILABLE_RETRY_AFTER,
     InvalidRequest,
     NotFound,
+    PayloadTooLarge,
     QueryTimeout,
     SpaceError,
     Unavailable,
@@ -77,7 +78,7 @@ _CODES_BY_STATUS = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
-    413: "payload_too_large",
+    413: PayloadTooLarge.code,
     415: "unsupported_media_type",
 }
 

@@ -6,8 +6,9 @@ from typing import Annotated, Generic, TypeVar
 
 import msgspec
 
-# No NUL anywhere (PostgreSQL text can't hold it) and at least one visible character.
-_TEXT = r"^(?=[\s\S]*\S)[^\x00]*$"
+# No NUL anywhere (PostgreSQL text can't hold it) and at least one visible character; no lookahead, so that a
+# schema-driven generator (the OpenAPI document carries the pattern) draws matching text instead of filtering.
+_TEXT = r"^[^\x00]*[^\s\x00][^\x00]*$"
 _ANY_TEXT = r"^[^\x00]*$"
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=_TEXT)]

@@ -11,6 +11,7 @@ from typing import Any
 from litestar import Request, Response, get
 from litestar.datastructures import State
 from litestar.di import NamedDependency
+from litestar.openapi import ResponseSpec
 from sqlalchemy import text
 
 from space.auth.service import Principal
@@ -35,7 +36,11 @@ class Me(Output):
     name: str
 
 
-@get("/health", tags=["system"])
+@get(
+    "/health",
+    tags=["system"],
+    responses={503: ResponseSpec(Health, description="The database does not answer.", generate_examples=False)},
+)
 async def health(state: State) -> Response[Health]:
     """Reports whether the database answers."""
     try:
@@ -73,7 +78,15 @@ async def _database_answers(db: Database) -> None:
         await conn.execute(text("SELECT 1"))
 
 
-@get("/ready", tags=["system"])
+@get(
+    "/ready",
+    tags=["system"],
+    responses={
+        503: ResponseSpec(
+            Readiness, description="Not ready: the database or the queue does not answer.", generate_examples=False
+        )
+    },
+)
 async def ready(state: State) -> Response[Readiness]:
     """200 when the database and the queue answer (this process may take traffic), else 503 (SPEC §16)."""
     database = await _answers(_database_answers(state.db))

@@ -10,7 +10,7 @@ import enum
 from typing import Annotated, Any
 
 from litestar import Controller, HttpMethod, Request, Response, delete, get, post, route
-from litestar.datastructures import State
+from litestar.datastructures import ResponseHeader, State
 from litestar.di import NamedDependency, Provide
 from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, JSONBody, QueryParameter
@@ -20,13 +20,32 @@ from space.audit import service as audit
 from space.auth.service import Principal, authenticate, principal_of
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
-from space.errors import InvalidRequest, LinkInvalid
+from space.errors import (
+    AccessRevoked,
+    Busy,
+    ExportExpired,
+    ExportFailed,
+    ExportNotReady,
+    ExportQuotaExceeded,
+    ExportRevoked,
+    Forbidden,
+    InvalidRequest,
+    LinkExpired,
+    LinkInvalid,
+    LinkRateLimited,
+    OrgDeleting,
+    RangeNotSatisfiable,
+    RateLimited,
+    Unauthenticated,
+)
 from space.exports import service
 from space.exports.downloads import DownloadSlots, no_referrer_for_links, respond
 from space.exports.formats.archive import manifest_schema, snapshot_schema
+from space.exports.formats.registry import KINDS
 from space.exports.links import LinkGrant, LinkSigner
 from space.exports.schemas import Export, ExportCreate, Link, OrgExport
 from space.exports.storage.protocol import ResultStore
+from space.openapi import BEARER, LINK, Files, refusals
 from space.orgs.deps import MEMBER, MemberContext, parse_id
 from space.schemas import Items
 
@@ -102,6 +121,21 @@ async def manifest_schema_route() -> Response[bytes]:
     return Response(manifest_schema(), media_type=SCHEMA_MEDIA_TYPE)
 
 
+DOWNLOAD_REFUSALS = (AccessRevoked, OrgDeleting, ExportNotReady, ExportFailed, ExportExpired, ExportRevoked)
+"""SPEC §6's refusals after its 404, for a download and for minting a link alike."""
+
+_RESULT_MEDIA_TYPES = tuple(dict.fromkeys(kind.media_type for kind in KINDS.values()))
+_RESULT_RESPONSES: dict[int, ResponseSpec] = {
+    **refusals(
+        Unauthenticated, LinkExpired, LinkInvalid, InvalidRequest, RangeNotSatisfiable, Busy, *DOWNLOAD_REFUSALS
+    ),
+    200: Files(None, description="The whole result (its kind's media type).", media_types=_RESULT_MEDIA_TYPES),
+    206: Files(None, description="The one byte range that `Range` asked for.", media_types=_RESULT_MEDIA_TYPES),
+    303: ResponseSpec(None, description="The result is in the object store: `Location` is a short-lived URL."),
+    304: ResponseSpec(None, description="`If-None-Match` named the current `ETag`."),
+}
+
+
 def provide_signer(state: State) -> LinkSigner:
     """The deployment's link signer (its keys are read when the app starts)."""
     signer: LinkSigner = state.link_signer
@@ -110,7 +144,11 @@ def provide_signer(state: State) -> LinkSigner:
 
 LinkToken = Annotated[
     str | None,
-    QueryParameter(description="A download link's token (from POST .../links), instead of an Authorization header."),
+    # Documented as the `link` security scheme (an alternative to the bearer token), not as a parameter too.
+    QueryParameter(
+        description="A download link's token (from POST .../links), instead of an Authorization header.",
+        include_in_schema=False,
+    ),
 ]
 
 
@@ -172,7 +210,12 @@ class ExportController(Controller):
     }
     opt = {"state_exempt": True, "allow_former_member": True}
 
-    @post("/", status_code=202)
+    @post(
+        "/",
+        status_code=202,
+        responses=refusals(Forbidden, OrgDeleting, ExportQuotaExceeded, RateLimited),
+        response_headers=[ResponseHeader(name="Location", documentation_only=True, description="The export's URL.")],
+    )
     async def create(
         self,
         ctx: NamedDependency[MemberContext],
@@ -184,7 +227,7 @@ class ExportController(Controller):
         export = await service.create_export(ctx.uow, ctx.org.id, ctx.membership, data, settings, queue, ip=ctx.ip)
         return Response(export, status_code=202, headers={"Location": f"/orgs/{ctx.org.id}/exports/{export.id}"})
 
-    @get("/")
+    @get("/", responses=refusals(Forbidden))
     async def list_exports(
         self,
         ctx: NamedDependency[MemberContext],
@@ -215,7 +258,7 @@ class ExportController(Controller):
             ctx.uow, ctx.org.id, ctx.membership, parse_id(export_id), store, ip=ctx.ip, queue=outbound
         )
 
-    @post("/{export_id:str}/links", status_code=201)
+    @post("/{export_id:str}/links", status_code=201, responses=refusals(*DOWNLOAD_REFUSALS, LinkRateLimited))
     async def create_link(
         self,
         ctx: NamedDependency[MemberContext],
@@ -242,6 +285,8 @@ class ExportController(Controller):
         http_method=[HttpMethod.GET, HttpMethod.HEAD],
         # Authenticated by its own dependency: a bearer token, or a download link's `token=` (SPEC §10).
         opt={"exclude_from_auth": True},
+        security=[{BEARER: []}, {LINK: []}],
+        responses=_RESULT_RESPONSES,
         dependencies={
             "link": Provide(provide_link, sync_to_thread=False),
             "principal": Provide(provide_download_principal),

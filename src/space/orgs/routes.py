@@ -11,6 +11,8 @@ from litestar.params import FromPath, JSONBody
 from space.auth.service import Principal
 from space.config import Settings
 from space.db import UnitOfWork
+from space.errors import AlreadyMember, FinalExportRecommended, InvalidTransition, LastOwner, OrgLimitReached
+from space.openapi import refusals
 from space.orgs import lifecycle, members, service
 from space.orgs.deps import ADMINS, MEMBER, OWNERS, MemberContext, parse_id
 from space.orgs.schemas import DeletionRequest, Member, MemberCreate, MemberUpdate, Org, OrgCreate
@@ -23,7 +25,7 @@ class OrgController(Controller):
     path = "/orgs"
     tags = ["orgs"]
 
-    @post("/")
+    @post("/", responses=refusals(OrgLimitReached))
     async def create(
         self,
         request: Request[Any, Any, Any],
@@ -58,12 +60,12 @@ class MemberController(Controller):
         """Every member."""
         return Items(items=await service.list_members(ctx.uow.session, ctx.org.id))
 
-    @post("/", opt={"roles": ADMINS})
+    @post("/", opt={"roles": ADMINS}, responses=refusals(AlreadyMember))
     async def add(self, ctx: NamedDependency[MemberContext], data: JSONBody[MemberCreate]) -> Member:
         """Add an existing user by email."""
         return await members.add_member(ctx.uow.session, ctx.org.id, ctx.principal.user_id, data, ip=ctx.ip)
 
-    @patch("/{user_id:str}", opt={"roles": ADMINS})
+    @patch("/{user_id:str}", opt={"roles": ADMINS}, responses=refusals(LastOwner))
     async def change_role(
         self,
         request: Request[Any, Any, Any],
@@ -82,7 +84,7 @@ class MemberController(Controller):
             queue=request.app.state.outbound_queue,
         )
 
-    @delete("/{user_id:str}", opt={"roles": ADMINS})
+    @delete("/{user_id:str}", opt={"roles": ADMINS}, responses=refusals(LastOwner))
     async def remove(
         self, request: Request[Any, Any, Any], ctx: NamedDependency[MemberContext], user_id: FromPath[str]
     ) -> None:
@@ -106,17 +108,17 @@ class LifecycleController(Controller):
     # The transition table decides what each state allows; the generic write-state check must not.
     opt = {"roles": OWNERS, "state_exempt": True}
 
-    @post("/suspend", status_code=200)
+    @post("/suspend", status_code=200, responses=refusals(InvalidTransition))
     async def suspend(self, ctx: NamedDependency[MemberContext]) -> Org:
         """active -> suspended."""
         return await lifecycle.suspend(ctx.uow.session, ctx.org.id, ctx.principal.user_id, ip=ctx.ip)
 
-    @post("/reactivate", status_code=200)
+    @post("/reactivate", status_code=200, responses=refusals(InvalidTransition))
     async def reactivate(self, ctx: NamedDependency[MemberContext]) -> Org:
         """suspended -> active."""
         return await lifecycle.reactivate(ctx.uow.session, ctx.org.id, ctx.principal.user_id, ip=ctx.ip)
 
-    @post("/deletion", status_code=202)
+    @post("/deletion", status_code=202, responses=refusals(FinalExportRecommended, InvalidTransition))
     async def request_deletion(
         self, request: Request[Any, Any, Any], ctx: NamedDependency[MemberContext], data: JSONBody[DeletionRequest]
     ) -> Org:
@@ -132,7 +134,7 @@ class LifecycleController(Controller):
             ip=ctx.ip,
         )
 
-    @delete("/deletion", status_code=200)
+    @delete("/deletion", status_code=200, responses=refusals(InvalidTransition))
     async def cancel_deletion(self, ctx: NamedDependency[MemberContext]) -> Org:
         """Back to the state before the deletion request."""
         return await lifecycle.cancel_deletion(ctx.uow.session, ctx.org.id, ctx.principal.user_id, ip=ctx.ip)

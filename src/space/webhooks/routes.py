@@ -8,6 +8,8 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
 from space.config import Settings
+from space.errors import WebhookLimitReached
+from space.openapi import refusals
 from space.orgs.deps import ADMINS, MEMBER, MemberContext, parse_id
 from space.schemas import Items
 from space.webhooks import service
@@ -23,7 +25,7 @@ class WebhookController(Controller):
     # Endpoints are the org's settings, not its data: they can be managed (and removed) in any live state.
     opt = {"roles": ADMINS, "state_exempt": True}
 
-    @post("/")
+    @post("/", responses=refusals(WebhookLimitReached))
     async def create(
         self, state: State, ctx: NamedDependency[MemberContext], data: JSONBody[WebhookCreate]
     ) -> WebhookCreated:
