@@ -48,6 +48,8 @@ REFUSED_BY_RULE = {
     "/orgs/{org_id}/deletion": "POST: `confirm` must be the org's name (SPEC §3), which no schema can say",
     "/orgs/{org_id}/webhooks": "POST: `url` must be https, or http to a public host, once resolved (SPEC §12)",
     "/orgs/{org_id}/audit": "GET: `before` is an opaque cursor that only this org's trail made (SPEC §12)",
+    "/me/notifications": "GET: `before` is an opaque cursor that only the caller's own list made (SPEC §19)",
+    "/me/preferences": "PUT: `email` keys are the event types known to this installation (SPEC §19: unknown types 400)",
 }
 """Operations where a request the document admits may still be 400: schemathesis' positive-data check expects
 those to succeed, so for these (and only these) a 400 `invalid_request` is also an expected answer."""

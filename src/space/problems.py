@@ -198,7 +198,7 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
 
 
 # A control character (NUL above all) or U+FFFD (what the server made of bytes that are not UTF-8) in a decoded path.
-_UNREADABLE_PATH = re.compile("[\x00-\x1f\x7f\ufffd]")
+UNREADABLE_PATH = re.compile("[\x00-\x1f\x7f\ufffd]")
 
 
 def refuse_unreadable_paths(app: ASGIApp) -> ASGIApp:
@@ -207,7 +207,7 @@ def refuse_unreadable_paths(app: ASGIApp) -> ASGIApp:
     body = msgspec.json.encode(Problem(status=404, title=NotFound.title, detail=NotFound.title, code=NotFound.code))
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != ScopeType.HTTP or not _UNREADABLE_PATH.search(scope["path"]):
+        if scope["type"] != ScopeType.HTTP or not UNREADABLE_PATH.search(scope["path"]):
             await app(scope, receive, send)
             return
         headers = [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", str(len(body)).encode())]
