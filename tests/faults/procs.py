@@ -355,10 +355,13 @@ class MidRead:
         org_pid = self._org_lock.info.backend_pid
         # The ledger first: other backends wait on the org lock too (the reconciler's wake-up takes it), so "a
         # worker waits on it" says nothing about the claim. Each wait names what it waited for when it fails.
+        # The claim's bound is two waits (what the two steps before it had): it spans the worker's start-up and,
+        # for a retry, the lost lease, SAQ's sweep and its abort wait, all slower on a loaded machine.
         row = await self.owner.wait_export(
             self.export_id,
             lambda r: r["state"] == "running" and r["attempt"] == self._attempt + 1 and r["progress"] >= 1,
             "the worker's claim and progress",
+            within=2 * WAIT,
         )
         try:
             await wait_until(

@@ -233,6 +233,7 @@ async def test_retries_run_out_the_export_fails_with_a_stable_code(
     )
 
 
+@pytest.mark.timeout(SCENARIO_SECONDS)
 async def test_a_worker_killed_on_every_attempt_ends_worker_lost(
     fapi: Api, faults_db: Database, owner: Owner, procs: Procs
 ) -> None:
