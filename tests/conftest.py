@@ -18,7 +18,7 @@ from space.config import Settings, load_settings
 from space.db import Database
 from space.embedded import embedded_server
 from tests.exports.s3_fixtures import s3_server  # noqa: F401 (the session's S3 server, for every test that asks)
-from tests.helpers import Api, UserFactory, app_database, fresh_database
+from tests.helpers import Api, OrgFactory, UserFactory, app_database, fresh_database
 
 
 @contextlib.contextmanager
@@ -74,6 +74,13 @@ async def client(settings: Settings) -> AsyncIterator[AsyncTestClient]:  # type:
 def users(db: Database) -> UserFactory:
     """Makes users with tokens, as the app role does."""
     return UserFactory(db)
+
+
+@pytest.fixture(scope="session")
+def orgs(db: Database) -> OrgFactory:
+    """Makes orgs with one user per role by direct insert (for tests not about the member routes; those use
+    `api.org`, which goes through them)."""
+    return OrgFactory(db)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""Test helpers: test databases and engines, users with tokens, an API caller, org set-up through the API."""
+"""Test helpers: test databases and engines, users with tokens, an API caller, org set-up through the API or
+directly (`OrgFactory`)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ from httpx import Response
 from litestar.testing import AsyncTestClient
 from litestar.testing.transport import TestClientTransport
 from psycopg import sql
-from sqlalchemy import make_url
+from sqlalchemy import func, make_url
 
 from space.auth import service as auth
-from space.db import Database, UnitOfWork, app_url
+from space.db import Database, Tenant, UnitOfWork, app_url
 from space.db.migrate import upgrade
+from space.orgs.models import Membership, Organization, OrgState, Role
+from space.tickets.models import TicketCounter
 
 
 def free_port() -> int:
@@ -211,6 +214,68 @@ class Api:
         r = await self.call("GET", f"/orgs/{org_id}/members", owner)
         memberships["owner"] = next(m["id"] for m in r.json()["items"] if m["role"] == "owner")
         return Org(org_id, memberships=memberships, **people)  # type: ignore[arg-type]
+
+
+ORG_PEOPLE: tuple[tuple[str, Role], ...] = (
+    ("owner", Role.owner),
+    ("admin", Role.admin),
+    ("member", Role.member),
+    ("customer", Role.customer),
+    ("customer2", Role.customer),
+)
+"""Who an `Org` holds (its field names) and their roles, in the order `Api.org` adds them."""
+
+
+class OrgFactory:
+    """Inserts an org, its five people and their memberships directly, for tests that are not about the member
+    routes: what `Api.org` leaves behind, in one transaction of the app role and without its member.added audit
+    rows.
+
+    Written as POST /orgs writes it (orgs.service.create_org): under the new org's tenant context with the owner
+    as the tenant's user, so RLS checks every row (WITH CHECK on organizations), `created_by` is the owner (the
+    org counts against their SPACE_ORGS_PER_USER), and the org's ticket counter exists. Memberships get
+    increasing created_at (clock_timestamp) so the member list keeps Api.org's order: owner, admin, member,
+    customer, customer2.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def make(self, name: str = "Acme", *, owner: TestUser | None = None) -> Org:
+        """An org named `name` with owner (`owner`, or a new user), admin, member and two customers."""
+        org_id = uuid.uuid4()
+        people: dict[str, TestUser] = {}
+        memberships: dict[str, str] = {}
+        async with UnitOfWork(self.db.sessionmaker) as uow:
+            session = uow.session
+            for key, _ in ORG_PEOPLE:
+                if key == "owner" and owner is not None:
+                    people[key] = owner
+                    continue
+                email = f"{key}-{uuid.uuid4().hex[:8]}@example.test"
+                user = await auth.create_user(session, email, key)
+                people[key] = TestUser(user.id, user.email, user.name, await auth.issue_token(session, user.id))
+            await uow.retenant(Tenant(org_id=org_id, user_id=people["owner"].id))
+            session.add(
+                Organization(id=org_id, name=name.strip(), state=OrgState.active.value, created_by=people["owner"].id)
+            )
+            await session.flush()
+            for key, role in ORG_PEOPLE:
+                membership_id = uuid.uuid4()
+                session.add(
+                    Membership(
+                        id=membership_id,
+                        org_id=org_id,
+                        user_id=people[key].id,
+                        role=role.value,
+                        created_at=func.clock_timestamp(),
+                    )
+                )
+                # One flush each: clock_timestamp() is read per INSERT, so their order is the list's.
+                await session.flush()
+                memberships[key] = str(membership_id)
+            session.add(TicketCounter(org_id=org_id, last_number=0))
+        return Org(str(org_id), memberships=memberships, **people)  # type: ignore[arg-type]
 
 
 class _SyncTransport(httpx.BaseTransport):

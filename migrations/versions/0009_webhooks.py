@@ -1,11 +1,11 @@
 """webhooks: endpoints per org, one delivery per event and endpoint, one row per HTTP attempt (SPEC §12).
 
-All three tables are tenant tables (RLS enabled and forced, the usual tenant policy). The endpoint keeps
-its signing secret as it was shown once at creation: the sender must sign with it, so a one-way hash can't
-serve (docs/decisions.md "Webhooks"). The sweeper that re-sends deliveries whose queue entry was lost reads
-across orgs through `space_webhooks_due_deliveries`, a SECURITY DEFINER function like 0003's: ids only,
-pinned `search_path`, executable by `space_app` alone; for a migrating role without BYPASSRLS it has its own
-SELECT policy (`TO CURRENT_USER`), as 0002's purge function has.
+All three tables are tenant tables (RLS enabled and forced, the usual tenant policy). The endpoint keeps its
+signing secret as it was shown once at creation: the sender must sign with it, so a one-way hash can't serve
+(docs/decisions/0058-webhook-endpoints-and-secrets.md). The sweeper that re-sends deliveries whose queue entry
+was lost reads across orgs through `space_webhooks_due_deliveries`, a SECURITY DEFINER function like 0003's:
+ids only, pinned `search_path`, executable by `space_app` alone; for a migrating role without BYPASSRLS it has
+its own SELECT policy (`TO CURRENT_USER`), as 0002's purge function has.
 
 Revision ID: 0009
 Revises: 0008

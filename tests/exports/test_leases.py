@@ -48,7 +48,7 @@ from tests.exports.fixtures import (
     uid,
     wait_for,
 )
-from tests.helpers import Api, app_database, assert_problem
+from tests.helpers import Api, OrgFactory, app_database, assert_problem
 
 
 async def _stale_writes_refused(db: Database, settings: Settings, lease_a: Lease, org_id: str) -> None:
@@ -68,8 +68,10 @@ async def _stale_writes_refused(db: Database, settings: Settings, lease_a: Lease
     assert snapshot(await job_row(db, org_id, lease_a.export_id)) == before
 
 
-async def test_stale_worker_takeover_changes_nothing(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_stale_worker_takeover_changes_nothing(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     await add_project(db, org.id, "old snapshot", ["old task"])
     export = await create_export(api, org, org.owner, {"kind": "snapshot"})
     eid, oid = uid(export["id"]), uid(org.id)
@@ -111,8 +113,10 @@ async def test_stale_worker_takeover_changes_nothing(api: Api, db: Database, set
     assert (await download(api, org, org.owner, export["id"])).content == r.content
 
 
-async def test_stale_worker_stops_at_its_next_progress_write(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_stale_worker_stops_at_its_next_progress_write(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     await add_tickets(db, org.id, org.member, [f"t{i}" for i in range(5)])
     export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
     eid, oid = uid(export["id"]), uid(org.id)
@@ -132,9 +136,9 @@ async def test_stale_worker_stops_at_its_next_progress_write(api: Api, db: Datab
 
 @pytest.mark.parametrize("change", ["demote", "remove"])
 async def test_access_lost_during_read_fails_access_revoked(
-    api: Api, db: Database, settings: Settings, change: str
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings, change: str
 ) -> None:
-    org = await api.org()
+    org = await orgs.make()
     await add_tickets(db, org.id, org.member, ["a", "b", "c"])
     export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
     eid, oid = uid(export["id"]), uid(org.id)
@@ -156,8 +160,10 @@ async def test_access_lost_during_read_fails_access_revoked(
     assert_problem(await download(api, org, org.member, export["id"]), 403, "access_revoked")
 
 
-async def test_eligibility_is_checked_before_reading(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_eligibility_is_checked_before_reading(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     export = await create_export(api, org, org.member, {"kind": "snapshot"})
     # Written directly: the role-change route would cancel the export before any worker saw it (SPEC §12), and
     # this is about the worker's own check (a row changed by anything else, or a cancel it raced with).
@@ -171,8 +177,10 @@ async def test_eligibility_is_checked_before_reading(api: Api, db: Database, set
     assert "counted" not in gate.seen
 
 
-async def test_publish_holds_the_org_lock(api: Api, db: Database, settings: Settings, owner_url: str) -> None:
-    org = await api.org()
+async def test_publish_holds_the_org_lock(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings, owner_url: str
+) -> None:
+    org = await orgs.make()
     await add_tickets(db, org.id, org.member, ["kept"])
     export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
     eid, oid = uid(export["id"]), uid(org.id)
@@ -198,8 +206,10 @@ async def test_publish_holds_the_org_lock(api: Api, db: Database, settings: Sett
     assert_problem(await download(api, org, org.member, export["id"]), 403, "access_revoked")
 
 
-async def test_org_entering_deleting_fails_the_export(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_org_entering_deleting_fails_the_export(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     await add_project(db, org.id, "p", ["t"])
     export = await create_export(api, org, org.owner, {"kind": "snapshot"})
     queued = await create_export(api, org, org.owner, {"kind": "snapshot"})
@@ -219,9 +229,9 @@ async def test_org_entering_deleting_fails_the_export(api: Api, db: Database, se
 
 
 async def test_queue_report_failing_after_commit_keeps_the_result(
-    api: Api, db: Database, settings: Settings, owner_url: str
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings, owner_url: str
 ) -> None:
-    org = await api.org()
+    org = await orgs.make()
     await add_tickets(db, org.id, org.member, ["survives"])
     export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
     eid, oid = uid(export["id"]), uid(org.id)
@@ -260,9 +270,9 @@ async def _drop_queue_entry(owner_url: str, key: uuid.UUID) -> None:
 
 
 async def test_reconciler_requeues_lost_and_expired_jobs(
-    api: Api, db: Database, settings: Settings, owner_url: str
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings, owner_url: str
 ) -> None:
-    org = await api.org()
+    org = await orgs.make()
     lost = await create_export(api, org, org.owner, {"kind": "snapshot"})
     stalled = await create_export(api, org, org.admin, {"kind": "snapshot"})
     exhausted = await create_export(api, org, org.member, {"kind": "snapshot"})
@@ -302,8 +312,10 @@ async def test_reconciler_requeues_lost_and_expired_jobs(
     assert (await job_row(db, org.id, stalled["id"])).attempt == 2
 
 
-async def test_cleanup_removes_expired_results_and_orphans(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_cleanup_removes_expired_results_and_orphans(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     await add_tickets(db, org.id, org.member, ["x"])
     oid = uid(org.id)
     store = PgResultStore(db.sessionmaker)
@@ -329,8 +341,8 @@ async def test_cleanup_removes_expired_results_and_orphans(api: Api, db: Databas
     assert (await download(api, org, org.member, kept["id"])).status_code == 200
 
 
-async def test_heartbeat_keeps_the_lease(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_heartbeat_keeps_the_lease(api: Api, orgs: OrgFactory, db: Database, settings: Settings) -> None:
+    org = await orgs.make()
     export = await create_export(api, org, org.owner, {"kind": "snapshot"})
     eid, oid = uid(export["id"]), uid(org.id)
     short = tuned(settings, export_lease_seconds=0.6)
@@ -351,8 +363,10 @@ async def test_heartbeat_keeps_the_lease(api: Api, db: Database, settings: Setti
         assert await w == "completed"
 
 
-async def test_transient_error_gives_the_export_back_for_a_retry(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_transient_error_gives_the_export_back_for_a_retry(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     export = await create_export(api, org, org.owner, {"kind": "snapshot"})
     eid, oid = uid(export["id"]), uid(org.id)
     two = tuned(settings, export_retries=2)
@@ -375,8 +389,10 @@ async def test_transient_error_gives_the_export_back_for_a_retry(api: Api, db: D
     assert await chunk_count(db, org.id, eid) == 0
 
 
-async def test_cancelled_run_hands_the_export_back(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_cancelled_run_hands_the_export_back(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     await add_tickets(db, org.id, org.member, ["a", "b"])
     export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
     eid, oid = uid(export["id"]), uid(org.id)

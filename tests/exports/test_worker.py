@@ -31,13 +31,15 @@ from tests.exports.fixtures import (
     tuned,
     uid,
 )
-from tests.helpers import Api, app_database
+from tests.helpers import Api, OrgFactory, app_database
 
 HEADER = ["number", "title", "status", "priority", "assignee", "createdAt", "updatedAt"]
 
 
-async def test_205_rows_in_batches_each_once_with_progress(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_205_rows_in_batches_each_once_with_progress(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     markers = [f"marker-{i:03d}" for i in range(205)]
     await add_tickets(db, org.id, org.member, markers)
     await add_tickets(db, org.id, org.member, ["not this one"], status="closed")
@@ -67,8 +69,8 @@ async def test_205_rows_in_batches_each_once_with_progress(api: Api, db: Databas
     assert [int(rec[0]) for rec in records[1:]] == sorted(int(rec[0]) for rec in records[1:])
 
 
-async def test_list_and_csv_filters_agree(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_list_and_csv_filters_agree(api: Api, orgs: OrgFactory, db: Database, settings: Settings) -> None:
+    org = await orgs.make()
     mine = org.memberships["member"]
     await add_tickets(db, org.id, org.member, ["Alpha 100% done", "alpha_x"], status="open", priority="high")
     await add_tickets(db, org.id, org.member, ["ALPHA assigned"], status="open", priority="high", assignee_id=mine)
@@ -110,8 +112,10 @@ async def _age_exports(db: Database, org_id: str, user_id: uuid.UUID) -> None:
         )
 
 
-async def test_row_limit_plus_one_fails_too_many_rows(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_row_limit_plus_one_fails_too_many_rows(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     await add_tickets(db, org.id, org.member, [f"t{i}" for i in range(6)])
     export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
     outcome = await run_export(runner(tuned(settings, export_row_limit=5), db), uid(export["id"]), uid(org.id))
@@ -127,8 +131,10 @@ async def test_row_limit_plus_one_fails_too_many_rows(api: Api, db: Database, se
     assert (await job_row(db, org.id, export["id"])).row_count == 6
 
 
-async def test_byte_limit_fails_too_large_and_stores_nothing(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_byte_limit_fails_too_large_and_stores_nothing(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     await add_tickets(db, org.id, org.member, ["x" * 300 for _ in range(30)])
     export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
     small = tuned(settings, export_byte_limit=4000, export_chunk_bytes=1000, export_batch_rows=5)
@@ -142,8 +148,10 @@ async def test_byte_limit_fails_too_large_and_stores_nothing(api: Api, db: Datab
     assert r.status_code == 409 and r.json()["errorCode"] == "too_large"
 
 
-async def test_multi_chunk_result_streams_back_whole(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_multi_chunk_result_streams_back_whole(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     titles = [f"row {i} " + "y" * (i % 50) for i in range(120)]
     await add_tickets(db, org.id, org.member, titles)
     export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
@@ -157,8 +165,8 @@ async def test_multi_chunk_result_streams_back_whole(api: Api, db: Database, set
     assert [rec[1] for rec in parse_csv(r.content)[1:]] == titles
 
 
-async def test_snapshot_content(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org("Snap & Co")
+async def test_snapshot_content(api: Api, orgs: OrgFactory, db: Database, settings: Settings) -> None:
+    org = await orgs.make("Snap & Co")
     live = await add_project(db, org.id, "Live project", ["task one", "task two"])
     gone = await add_project(db, org.id, "Deleted project", ["ghost task"], deleted=True)
     await add_tickets(db, org.id, org.customer, ["a ticket is not in a snapshot"])
@@ -191,8 +199,8 @@ async def test_snapshot_content(api: Api, db: Database, settings: Settings) -> N
     assert "@" not in raw and "spc_" not in raw
 
 
-async def test_csv_format_rules(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_csv_format_rules(api: Api, orgs: OrgFactory, db: Database, settings: Settings) -> None:
+    org = await orgs.make()
     evil = await api.users.make("=HYPERLINK(evil)")
     r = await api.call("POST", org.path("/members"), org.owner, json={"email": evil.email, "role": "member"})
     assert r.status_code == 201
@@ -256,8 +264,10 @@ async def test_csv_format_rules(api: Api, db: Database, settings: Settings) -> N
     assert first_data.startswith(b'"') and b'";"' in first_data
 
 
-async def test_two_customers_each_get_only_their_rows(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_two_customers_each_get_only_their_rows(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     a = await add_tickets(db, org.id, org.customer, [f"refund please {i}" for i in range(3)])
     b = await add_tickets(db, org.id, org.customer2, [f"refund please {i}" for i in range(4)])
     await add_tickets(db, org.id, org.member, ["refund please (staff)"])
@@ -277,8 +287,10 @@ async def test_two_customers_each_get_only_their_rows(api: Api, db: Database, se
     assert len(rows) == 3 + 4 + 1
 
 
-async def test_promotion_does_not_widen_an_own_export(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_promotion_does_not_widen_an_own_export(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     own = await add_tickets(db, org.id, org.customer, ["mine 1", "mine 2"])
     await add_tickets(db, org.id, org.customer2, ["theirs"])
     await add_tickets(db, org.id, org.member, ["staff"])
@@ -293,8 +305,10 @@ async def test_promotion_does_not_widen_an_own_export(api: Api, db: Database, se
     assert (await api.call("GET", org.path(f"/exports/{export['id']}"), org.customer)).json()["scope"] == "own"
 
 
-async def test_read_timeout_fails_timeout(api: Api, db: Database, settings: Settings, owner_url: str) -> None:
-    org = await api.org()
+async def test_read_timeout_fails_timeout(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings, owner_url: str
+) -> None:
+    org = await orgs.make()
     await add_tickets(db, org.id, org.member, ["slow"])
     quick = tuned(settings, export_timeout_seconds=0.3)
 
@@ -326,10 +340,10 @@ async def test_read_timeout_fails_timeout(api: Api, db: Database, settings: Sett
 
 
 async def test_both_delimiters_give_the_same_records_and_follow_a_rename(
-    api: Api, db: Database, settings: Settings, owner_url: str
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings, owner_url: str
 ) -> None:
     # `,` exports concatenate the stored parts; `;` exports rebuild them around the other separator.
-    org = await api.org()
+    org = await orgs.make()
     titles = [
         'Quote "inside", comma; semicolon',
         "line one\nline two\r\nline three",
@@ -373,8 +387,10 @@ async def test_both_delimiters_give_the_same_records_and_follow_a_rename(
     assert {rec[4] for rec in records[1:-1]} == {"Plain Ann"}
 
 
-async def test_whole_second_timestamps_keep_six_digits(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_whole_second_timestamps_keep_six_digits(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     await add_tickets(db, org.id, org.member, ["on the second"])
     project = await add_project(db, org.id, "P", ["task"])
     async with UnitOfWork(db.sessionmaker, Tenant(org_id=uid(org.id))) as uow:
@@ -395,8 +411,10 @@ async def test_whole_second_timestamps_keep_six_digits(api: Api, db: Database, s
     assert body["tasks"][0]["dueDate"] is None
 
 
-async def test_the_store_streams_a_chunk_in_bounded_parts(api: Api, db: Database, settings: Settings) -> None:
-    org = await api.org()
+async def test_the_store_streams_a_chunk_in_bounded_parts(
+    api: Api, orgs: OrgFactory, db: Database, settings: Settings
+) -> None:
+    org = await orgs.make()
     titles = [f"row {i} " + "z" * (i % 40) for i in range(200)]
     await add_tickets(db, org.id, org.member, titles)
     export = await create_export(api, org, org.member, {"kind": "tickets_csv"})

@@ -56,16 +56,19 @@ async def fapi(api_base: str, faults_db: Database) -> AsyncIterator[Api]:
 async def procs(faults_url: str, tmp_path: Path, owner: Owner, api_base: str) -> AsyncIterator[Procs]:
     """Worker processes of one test; every one still running is killed at the end.
 
-    Before the test, leftovers of an earlier failed test (unfinished exports, their queue entries) are
-    cancelled so that this test's workers only ever see this test's exports.
+    Before the test, leftovers of earlier tests (unfinished exports, their queue entries) are cancelled so
+    that this test's workers only ever see this test's exports. That includes the cron entries an earlier
+    test's workers left queued: one already due (say the reconciler's, every lease) would be dequeued ahead
+    of this test's export (SAQ takes the oldest `scheduled` first) and, while a `MidRead` pause holds the
+    org lock, wait on it in a worker slot (the reconciler wakes the org under that lock) for up to the cron
+    job's 60 s timeout, which leaves a one-slot worker nothing to claim the export with. Each worker queues
+    its own cron entries at start, due at their next tick, after any export queued before it started.
     """
     await owner.fetch(
         "UPDATE export_jobs SET state = 'cancelled', error_code = 'cancelled', lease_expires_at = NULL"
         " WHERE state IN ('queued', 'running')"
     )
-    await owner.fetch(
-        "DELETE FROM saq.saq_jobs WHERE key NOT LIKE 'cron:%%' AND status NOT IN ('complete', 'failed', 'aborted')"
-    )
+    await owner.fetch("DELETE FROM saq.saq_jobs WHERE status NOT IN ('complete', 'failed', 'aborted')")
     running = Procs(faults_url, tmp_path)
     try:
         yield running

@@ -37,6 +37,11 @@ WAIT = 60.0
 """Longest any single wait of the fault tests may take before it fails (a recovery spans a lease, a sweep
 and SAQ's abort wait of 5 s; on a busy two-core machine that needs headroom)."""
 
+SCENARIO_SECONDS = 600
+"""pytest-timeout of the longest scenarios (many processes, dozens of exports, each step a wait of up to WAIT):
+on a loaded two-core machine they ran past the suite's 120 s while every wait still held, and the bound that
+fires must be the one that says what it waited for."""
+
 LEASE_SECONDS = 3
 FAULT_SETTINGS: dict[str, str] = {
     # Short leases so a lost worker's export is claimable again within seconds.
@@ -225,6 +230,19 @@ class Owner:
             holder_pid,
         )
 
+    async def chunk_writers_blocked_by(self, holder_pid: int, app: str = WORKER_APP) -> list[dict[str, Any]]:
+        """Backends tagged `app` that wait on a lock `holder_pid` holds while writing chunks (they hold
+        export_chunks' RowExclusiveLock: an INSERT there has begun), so not, say, the reconciler's wake-up
+        waiting on the same org lock."""
+        return await self.fetch(
+            "SELECT a.pid, a.query FROM pg_stat_activity a"
+            " WHERE a.application_name = %s AND %s = ANY (pg_blocking_pids(a.pid)) AND a.datname = current_database()"
+            " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.granted"
+            " AND l.relation = 'export_chunks'::regclass AND l.mode = 'RowExclusiveLock')",
+            app,
+            holder_pid,
+        )
+
     async def readers(self, app: str = WORKER_APP) -> list[dict[str, Any]]:
         """A worker's export read: its oldest transaction that holds a snapshot and waits for the client.
 
@@ -331,15 +349,26 @@ class MidRead:
         await self._org_lock.execute("SELECT 1 FROM organizations WHERE id = %s FOR UPDATE", (self.org_id,))
 
     async def engage(self) -> Paused:
-        """Wait for the worker at chunk 0, move the pause to chunk 1; what the worker had done by then."""
+        """Wait for the worker's claim and progress, then for it at chunk 0; move the pause to chunk 1; what the
+        worker had done by then."""
         assert self._org_lock is not None, "arm() first"
         org_pid = self._org_lock.info.backend_pid
-        await wait_until(lambda: self.owner.blocked_by(org_pid), "the worker's chunk 0 to wait for the org lock")
+        # The ledger first: other backends wait on the org lock too (the reconciler's wake-up takes it), so "a
+        # worker waits on it" says nothing about the claim. Each wait names what it waited for when it fails.
+        # The claim's bound is two waits (what the two steps before it had): it spans the worker's start-up and,
+        # for a retry, the lost lease, SAQ's sweep and its abort wait, all slower on a loaded machine.
         row = await self.owner.wait_export(
             self.export_id,
             lambda r: r["state"] == "running" and r["attempt"] == self._attempt + 1 and r["progress"] >= 1,
             "the worker's claim and progress",
+            within=2 * WAIT,
         )
+        try:
+            await wait_until(
+                lambda: self.owner.chunk_writers_blocked_by(org_pid), "the worker's chunk 0 to wait for the org lock"
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {await self.owner.activity()}") from None
         exec_id = str(row["execution_id"])
         self._placeholder = await self._connect()
         # The placeholder skips its own foreign-key check (replica role: the org lock would hold it too).
@@ -350,7 +379,7 @@ class MidRead:
         )
         await self._org_lock.rollback()
         holder = self._placeholder.info.backend_pid
-        waiting = await wait_until(lambda: self.owner.blocked_by(holder), "the worker's chunk 1 to wait")
+        waiting = await wait_until(lambda: self.owner.chunk_writers_blocked_by(holder), "the worker's chunk 1 to wait")
         try:
             readers = await wait_until(self.owner.readers, "the worker's open read transaction", within=20)
         except AssertionError as exc:

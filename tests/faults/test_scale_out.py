@@ -16,7 +16,18 @@ import pytest
 
 from space.db import Database
 from tests.exports.fixtures import create_export, download
-from tests.faults.procs import ROWS, MidRead, Owner, Procs, observed, published_csv, run_cleanup, seeded, wait_until
+from tests.faults.procs import (
+    ROWS,
+    SCENARIO_SECONDS,
+    MidRead,
+    Owner,
+    Procs,
+    observed,
+    published_csv,
+    run_cleanup,
+    seeded,
+    wait_until,
+)
 from tests.helpers import Api, Org, UserFactory
 
 pytestmark = pytest.mark.faults
@@ -40,6 +51,7 @@ async def _ran_by(owner: Owner, export_ids: list[str]) -> dict[str, str]:
     return {r["key"]: r["worker"] for r in rows}
 
 
+@pytest.mark.timeout(SCENARIO_SECONDS)
 async def test_two_apis_three_workers_thirty_exports_one_worker_killed(
     fapi: Api, faults_db: Database, owner: Owner, procs: Procs
 ) -> None:
@@ -48,25 +60,29 @@ async def test_two_apis_three_workers_thirty_exports_one_worker_killed(
         api2 = Api(client2, UserFactory(faults_db))  # type: ignore[arg-type]
         apis = [fapi, api2]
         orgs: list[tuple[Org, list[str]]] = [await seeded(fapi, faults_db, f"scale{i}") for i in range(ORGS)]
-        # Each org's member asks three times, alternately through each API; each org runs one export at a time, so
-        # its later ones wait in the ledger and are woken as the earlier ones end.
-        exports: list[tuple[Org, list[str], str]] = []
-        for round_ in range(PER_ORG):
-            for i, (org, markers) in enumerate(orgs):
-                api = apis[(i + round_) % 2]
-                exports.append(
-                    (org, markers, (await create_export(api, org, org.member, {"kind": "tickets_csv"}))["id"])
-                )
-        ids = [e[2] for e in exports]
-        held_org, _, held_id = exports[0]
+        held_org, held_markers = orgs[0]
+        held_id = (await create_export(fapi, held_org, held_org.member, {"kind": "tickets_csv"}))["id"]
 
         before = await _workers(owner)
         async with MidRead(owner, held_org.id, held_id) as pause:
             await pause.arm()
+            # The victim starts with the held export alone on the queue: it claims it at once and stops in its read.
+            # (Started behind the other exports, it would reach the held one only after working through them in one
+            # slot: its other slot waits in the reconciler's wake-up of the held org, on the org lock the pause holds.)
             victim = await procs.worker("worker-victim")
-            # Alone, the victim works through the queue until it reaches the held org's export, and stops in its read.
             held = await pause.engage()
             [victim_id] = await wait_until(lambda: _new_workers(owner, before, 1), "the victim in SAQ's worker list")
+            # Each org's member asks three times in all, alternately through each API; each org runs one export at
+            # a time, so its later ones wait in the ledger and are woken as the earlier ones end.
+            exports: list[tuple[Org, list[str], str]] = [(held_org, held_markers, held_id)]
+            for round_ in range(PER_ORG):
+                for i, (org, markers) in enumerate(orgs):
+                    if (round_, i) == (0, 0):
+                        continue
+                    api = apis[(i + round_) % 2]
+                    export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
+                    exports.append((org, markers, export["id"]))
+            ids = [e[2] for e in exports]
             survivors = [await procs.worker("worker-2"), await procs.worker("worker-3")]
             alive = await wait_until(lambda: _new_workers(owner, before, 3), "all three workers in SAQ's worker list")
             victim.send(signal.SIGKILL)

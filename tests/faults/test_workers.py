@@ -15,6 +15,7 @@ from tests.exports.fixtures import create_export, download
 from tests.faults.procs import (
     FAULT_SETTINGS,
     ROWS,
+    SCENARIO_SECONDS,
     MidRead,
     Owner,
     Procs,
@@ -120,6 +121,7 @@ async def test_read_connection_terminated_mid_read_retries_and_completes(
     )
 
 
+@pytest.mark.timeout(SCENARIO_SECONDS)
 async def test_sigterm_mid_export_stops_taking_jobs_and_the_export_completes_once(
     fapi: Api, faults_db: Database, owner: Owner, procs: Procs
 ) -> None:
@@ -231,6 +233,7 @@ async def test_retries_run_out_the_export_fails_with_a_stable_code(
     )
 
 
+@pytest.mark.timeout(SCENARIO_SECONDS)
 async def test_a_worker_killed_on_every_attempt_ends_worker_lost(
     fapi: Api, faults_db: Database, owner: Owner, procs: Procs
 ) -> None:

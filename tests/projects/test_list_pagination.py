@@ -7,7 +7,7 @@ from typing import Any
 
 from space.db import Database
 from tests.exports.fixtures import add_project
-from tests.helpers import Api, Org, assert_problem
+from tests.helpers import Api, Org, OrgFactory, assert_problem
 
 PAGE_KEYS = {"items", "total", "page", "pageSize"}
 
@@ -29,8 +29,8 @@ async def _page(api: Api, org: Org, path: str, query: str = "") -> dict[str, Any
     return body
 
 
-async def test_project_pages(api: Api) -> None:
-    org = await api.org()
+async def test_project_pages(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
     ids = await _projects(api, org, 5)
     first = await _page(api, org, "/projects", "?pageSize=2")
     assert (first["total"], first["page"], first["pageSize"]) == (5, 1, 2)
@@ -50,8 +50,8 @@ async def test_project_pages(api: Api) -> None:
     assert first["total"] == 4 and [p["id"] for p in first["items"]] == ids[1:3]
 
 
-async def test_task_pages(api: Api, db: Database) -> None:
-    org = await api.org()
+async def test_task_pages(api: Api, orgs: OrgFactory, db: Database) -> None:
+    org = await orgs.make()
     [project] = await _projects(api, org, 1)
     tasks = f"/projects/{project}/tasks"
     ids = []
@@ -70,8 +70,8 @@ async def test_task_pages(api: Api, db: Database) -> None:
     assert (whole["pageSize"], whole["total"], [t["id"] for t in whole["items"]]) == (50, 3, ids)
 
 
-async def test_default_page_is_fifty_of_more(api: Api, db: Database) -> None:
-    org = await api.org()
+async def test_default_page_is_fifty_of_more(api: Api, orgs: OrgFactory, db: Database) -> None:
+    org = await orgs.make()
     project = await add_project(db, org.id, "big", [f"task {i}" for i in range(51)])
     tasks = await _page(api, org, f"/projects/{project}/tasks")
     assert (len(tasks["items"]), tasks["total"]) == (50, 51)
@@ -81,8 +81,8 @@ async def test_default_page_is_fifty_of_more(api: Api, db: Database) -> None:
     assert len(seen) == 51  # every task once over the two pages
 
 
-async def test_page_parameters_are_bounded(api: Api) -> None:
-    org = await api.org()
+async def test_page_parameters_are_bounded(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
     [project] = await _projects(api, org, 1)
     for path in ("/projects", f"/projects/{project}/tasks"):
         # The largest page allowed, and one more.

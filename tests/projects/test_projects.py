@@ -6,7 +6,7 @@ import datetime as dt
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from tests.helpers import Api, Org, assert_problem
+from tests.helpers import Api, Org, OrgFactory, assert_problem
 
 if TYPE_CHECKING:
     # Imported for annotations only: pytest would try to collect a Test* class imported at runtime.
@@ -24,8 +24,8 @@ async def _project(api: Api, org: Org, name: str = "Apollo", user: TestUser | No
     return body
 
 
-async def test_project_create_rename_and_soft_delete(api: Api) -> None:
-    org = await api.org()
+async def test_project_create_rename_and_soft_delete(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
     p = await _project(api, org, "  Apollo  ")
     assert set(p) == {"id", "name", "version", "createdAt", "updatedAt"}
     assert p["name"] == "Apollo" and p["version"] == 1 and p["createdAt"] == p["updatedAt"]
@@ -59,8 +59,8 @@ async def test_project_create_rename_and_soft_delete(api: Api) -> None:
         assert_problem(r, 404, "not_found")
 
 
-async def test_tasks_create_and_list(api: Api) -> None:
-    org = await api.org()
+async def test_tasks_create_and_list(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
     p = await _project(api, org)
     q = await _project(api, org, "Other")
     r = await api.call("POST", org.path(f"/projects/{p['id']}/tasks"), org.member, json={"title": "Plan"})
@@ -85,8 +85,8 @@ async def test_tasks_create_and_list(api: Api) -> None:
     assert [(t["id"], t["title"]) for t in r.json()["items"]] == [(first["id"], "Plan"), (second["id"], "Build")]
 
 
-async def test_projects_and_tasks_are_staff_only(api: Api) -> None:
-    org = await api.org()
+async def test_projects_and_tasks_are_staff_only(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
     for user in (org.owner, org.admin, org.member):
         p = await _project(api, org, "Mine", user)
         r = await api.call("GET", org.path("/projects"), user)
@@ -120,9 +120,9 @@ async def test_projects_and_tasks_are_staff_only(api: Api) -> None:
     assert r.json()["items"] == []
 
 
-async def test_other_orgs_unknown_and_malformed_project_ids_are_one_404(api: Api) -> None:
-    mine = await api.org()
-    theirs = await api.org("Other")
+async def test_other_orgs_unknown_and_malformed_project_ids_are_one_404(api: Api, orgs: OrgFactory) -> None:
+    mine = await orgs.make()
+    theirs = await orgs.make("Other")
     foreign = await _project(api, theirs, "Secret")
     await api.call("POST", theirs.path(f"/projects/{foreign['id']}/tasks"), theirs.owner, json={"title": "x"})
 
@@ -149,8 +149,8 @@ async def test_other_orgs_unknown_and_malformed_project_ids_are_one_404(api: Api
     assert [t["title"] for t in r.json()["items"]] == ["x"]
 
 
-async def test_bad_project_and_task_input_is_400(api: Api) -> None:
-    org = await api.org()
+async def test_bad_project_and_task_input_is_400(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
     p = await _project(api, org)
     tasks = org.path(f"/projects/{p['id']}/tasks")
     cases: list[tuple[str, str, Any]] = [

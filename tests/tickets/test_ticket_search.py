@@ -11,7 +11,7 @@ from sqlalchemy import text
 from space.db import Database, Tenant, UnitOfWork
 from space.tickets.service import SEARCH_MAX_IDS
 from tests.exports.fixtures import add_tickets
-from tests.helpers import Api, Org
+from tests.helpers import Api, Org, OrgFactory
 
 RARE = "Xylophonique"
 """The word the searches look for."""
@@ -28,8 +28,10 @@ async def _list(api: Api, org: Org | str, token_user: Any, q: str, **params: Any
 # --- the search's rules, on the suite's database ----------------------------------------------------------------
 
 
-async def test_search_finds_title_or_body_case_insensitively_and_only_that(api: Api, db: Database) -> None:
-    org = await api.org()
+async def test_search_finds_title_or_body_case_insensitively_and_only_that(
+    api: Api, orgs: OrgFactory, db: Database
+) -> None:
+    org = await orgs.make()
     hits = await add_tickets(db, org.id, org.member, [f"about {RARE.lower()} here", "plain"], body="")
     hits += await add_tickets(db, org.id, org.member, ["plain title"], body=f"body says {RARE.upper()}!")
     await add_tickets(db, org.id, org.member, ["Xylophon ique", "nothing"], body="Xylophoniqu")
@@ -42,8 +44,8 @@ async def test_search_finds_title_or_body_case_insensitively_and_only_that(api: 
     assert [t["number"] for t in page["items"]] == percent and page["total"] == 1
 
 
-async def test_search_for_customers_stays_their_own(api: Api, db: Database) -> None:
-    org = await api.org()
+async def test_search_for_customers_stays_their_own(api: Api, orgs: OrgFactory, db: Database) -> None:
+    org = await orgs.make()
     mine = await add_tickets(db, org.id, org.customer, [f"{RARE} one", f"{RARE} two"])
     theirs = await add_tickets(db, org.id, org.customer2, [f"{RARE} three"])
     staff = await add_tickets(db, org.id, org.member, [f"{RARE} four"])
@@ -52,8 +54,8 @@ async def test_search_for_customers_stays_their_own(api: Api, db: Database) -> N
     assert (await _list(api, org, org.admin, RARE))["total"] == len(mine + theirs + staff)
 
 
-async def test_search_function_lists_only_the_callers_context(api: Api, db: Database) -> None:
-    org, other = await api.org(), await api.org()
+async def test_search_function_lists_only_the_callers_context(api: Api, orgs: OrgFactory, db: Database) -> None:
+    org, other = await orgs.make(), await orgs.make()
     await add_tickets(db, org.id, org.member, [f"{RARE} a", f"{RARE} b", f"{RARE} c"])
     await add_tickets(db, other.id, other.member, [f"{RARE} elsewhere"])
     pattern = f"%{RARE}%"
@@ -70,9 +72,9 @@ async def test_search_function_lists_only_the_callers_context(api: Api, db: Data
     assert await search(customer, 10) == []
 
 
-async def test_an_unselective_search_is_still_exact(api: Api, db: Database) -> None:
+async def test_an_unselective_search_is_still_exact(api: Api, orgs: OrgFactory, db: Database) -> None:
     # More matches than the list reads by id: it walks the org in number order instead, with the same answer.
-    org = await api.org()
+    org = await orgs.make()
     n = SEARCH_MAX_IDS + 5
     async with UnitOfWork(db.sessionmaker, Tenant(org_id=uuid.UUID(org.id))) as uow:
         await uow.session.execute(

@@ -11,7 +11,7 @@ from sqlalchemy import event, select, text
 
 from space.db import Database, Tenant, UnitOfWork
 from space.tickets.models import Ticket
-from tests.helpers import Api, Org, assert_problem
+from tests.helpers import Api, Org, OrgFactory, assert_problem
 
 if TYPE_CHECKING:
     # Imported for annotations only: pytest would try to collect a Test* class imported at runtime.
@@ -43,9 +43,9 @@ async def _patch(api: Api, org: Org, number: int, user: TestUser | None = None, 
     return body
 
 
-async def test_ticket_numbers_are_per_org(api: Api) -> None:
-    a = await api.org("A")
-    b = await api.org("B")
+async def test_ticket_numbers_are_per_org(api: Api, orgs: OrgFactory) -> None:
+    a = await orgs.make("A")
+    b = await orgs.make("B")
     first = await _ticket(api, a, a.customer, "Printer on fire", body="Smoke", priority="urgent")
     assert set(first) >= {"number", "title", "body", "status", "priority", "creatorId", "assigneeId"}
     assert first["number"] == 1 and first["title"] == "Printer on fire" and first["body"] == "Smoke"
@@ -59,8 +59,8 @@ async def test_ticket_numbers_are_per_org(api: Api) -> None:
     assert await _numbers(api, b, b.owner) == [1, 2]
 
 
-async def test_concurrent_creates_get_distinct_consecutive_numbers(api: Api) -> None:
-    org = await api.org()
+async def test_concurrent_creates_get_distinct_consecutive_numbers(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
     makers = [org.owner, org.admin, org.member, org.customer, org.customer2] * 2
     calls = [("POST", org.path("/tickets"), u, {"title": f"t{i}"}) for i, u in enumerate(makers)]
     responses = await api.concurrently(calls)
@@ -69,8 +69,8 @@ async def test_concurrent_creates_get_distinct_consecutive_numbers(api: Api) -> 
     assert await _numbers(api, org, org.owner) == list(range(1, 11))
 
 
-async def test_roles_on_tickets(api: Api) -> None:
-    org = await api.org()
+async def test_roles_on_tickets(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
     for user in (org.owner, org.admin, org.member, org.customer):
         await _ticket(api, org, user, f"from {user.name}")
     # Customers open tickets but never triage them, not even their own.
@@ -84,8 +84,8 @@ async def test_roles_on_tickets(api: Api) -> None:
         assert (await _patch(api, org, n, user, status="pending"))["status"] == "pending"
 
 
-async def test_customers_see_only_their_own_tickets_even_when_all_match(api: Api) -> None:
-    org = await api.org()
+async def test_customers_see_only_their_own_tickets_even_when_all_match(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
     marker = f"mk{uuid.uuid4().hex[:8]}"
     mine = [(await _ticket(api, org, org.customer, f"{marker} one {i}"))["number"] for i in range(3)]
     theirs = [(await _ticket(api, org, org.customer2, f"{marker} two {i}"))["number"] for i in range(3)]
@@ -104,8 +104,8 @@ async def test_customers_see_only_their_own_tickets_even_when_all_match(api: Api
         assert [t["number"] for t in page["items"]] == sorted([*mine, *theirs, staff]) and page["total"] == 7
 
 
-async def test_filters(api: Api) -> None:
-    org = await api.org()
+async def test_filters(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
     n_pct = (await _ticket(api, org, org.customer, "Discount 100% off", priority="low"))["number"]
     n_plain = (await _ticket(api, org, org.customer, "Discount 1000 off", priority="high"))["number"]
     n_under = (await _ticket(api, org, org.customer2, "file a_b.txt", body="see attachment"))["number"]
@@ -141,8 +141,8 @@ async def test_filters(api: Api) -> None:
     assert await _numbers(api, org, org.owner, q="attachment", priority="high") == [n_any]
 
 
-async def test_pagination(api: Api) -> None:
-    org = await api.org()
+async def test_pagination(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
     for i in range(5):
         await _ticket(api, org, org.customer, f"page {i}", priority="low" if i % 2 else "normal")
     default = await _list(api, org, org.owner)
@@ -157,9 +157,9 @@ async def test_pagination(api: Api) -> None:
     assert (await _list(api, org, org.owner, pageSize=200))["pageSize"] == 200
 
 
-async def test_patch_ticket(api: Api) -> None:
-    org = await api.org()
-    other = await api.org("Other")
+async def test_patch_ticket(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
+    other = await orgs.make("Other")
     t = await _ticket(api, org, org.customer, "Broken", body="It broke", priority="low")
     n = t["number"]
 
@@ -192,9 +192,9 @@ async def test_patch_ticket(api: Api) -> None:
     assert [(x["assigneeId"], x["status"]) for x in page["items"]] == [(None, "solved")]
 
 
-async def test_other_orgs_unknown_and_malformed_ticket_numbers_are_one_404(api: Api) -> None:
-    mine = await api.org()
-    theirs = await api.org("Other")
+async def test_other_orgs_unknown_and_malformed_ticket_numbers_are_one_404(api: Api, orgs: OrgFactory) -> None:
+    mine = await orgs.make()
+    theirs = await orgs.make("Other")
     await _ticket(api, mine, mine.customer, "mine")
     for i in range(3):
         await _ticket(api, theirs, theirs.customer, f"secret {i}")
@@ -212,8 +212,8 @@ async def test_other_orgs_unknown_and_malformed_ticket_numbers_are_one_404(api: 
     assert {t["status"] for t in page["items"]} == {"open"} and page["total"] == 3
 
 
-async def test_bad_ticket_input_is_400(api: Api) -> None:
-    org = await api.org()
+async def test_bad_ticket_input_is_400(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
     await _ticket(api, org, org.customer)
     for params, field in [
         ({"status": "bogus"}, "status"),
@@ -284,8 +284,8 @@ def _utc(t: dt.datetime) -> str:
     return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-async def test_stored_csv_text_follows_every_write(api: Api, db: Database) -> None:
-    org = await api.org()
+async def test_stored_csv_text_follows_every_write(api: Api, orgs: OrgFactory, db: Database) -> None:
+    org = await orgs.make()
     n = (await _ticket(api, org, org.customer, '=SUM(A1) "quoted", comma'))["number"]
     head, tail, created, updated = await _csv_columns(db, org, n)
     # Guarded (formula start), quoted, inner quotes doubled; the cells after the assignee: both timestamps.
@@ -312,8 +312,8 @@ async def test_stored_csv_text_follows_every_write(api: Api, db: Database) -> No
     assert (await _csv_columns(db, org, full_width))[0].startswith(f'"{full_width}","\'\uff0b1 full-width plus"')
 
 
-async def test_stored_display_name_follows_a_rename(api: Api, db: Database, owner_url: str) -> None:
-    org = await api.org()
+async def test_stored_display_name_follows_a_rename(api: Api, orgs: OrgFactory, db: Database, owner_url: str) -> None:
+    org = await orgs.make()
 
     async def csv_name() -> str:
         async with UnitOfWork(db.sessionmaker) as uow:
@@ -328,8 +328,8 @@ async def test_stored_display_name_follows_a_rename(api: Api, db: Database, owne
         assert await csv_name() == cell
 
 
-async def test_a_customer_list_names_its_creator_for_the_planner(api: Api) -> None:
-    org = await api.org()
+async def test_a_customer_list_names_its_creator_for_the_planner(api: Api, orgs: OrgFactory) -> None:
+    org = await orgs.make()
     await _ticket(api, org, org.customer, "mine")
     await _ticket(api, org, org.customer2, "theirs")
     await _ticket(api, org, org.member, "staff")

@@ -1,10 +1,10 @@
 """The `archive` kind, the complete archive (SPEC §13): one ZIP of the snapshot, every ticket as CSV, a manifest and a schema.
 
-The ZIP's structures are written by zipstream-ng (see docs/decisions.md "Archive"): members are stored (no
-compression) with a data descriptor, so each is streamed as it is read, never held whole. A member whose
-size is unknown when its header goes out (the snapshot and the CSV) gets ZIP64 fields, since it might pass
-4 GiB; members of known size (the schema, the manifest) and the central directory use ZIP64 only when their
-sizes or offsets need it.
+The ZIP's structures are written by zipstream-ng (docs/decisions/0053-the-archive-writer.md): members are
+stored (no compression) with a data descriptor, so each is streamed as it is read, never held whole. A member
+whose size is unknown when its header goes out (the snapshot and the CSV) gets ZIP64 fields, since it might
+pass 4 GiB; members of known size (the schema, the manifest) and the central directory use ZIP64 only when
+their sizes or offsets need it.
 
 Members, in this order: `snapshot.json`, `tickets.csv`, `schemas/snapshot.schema.json`, `manifest.json`.
 The manifest goes last because it carries the size and SHA-256 of every member before it; ZIP readers find
