@@ -177,7 +177,7 @@ async def sign_in(page: Page, user: TestUser) -> None:
     await page.get_by_role("button", name="Sign in").click()
     await expect(page.get_by_text(f"Signed in as {user.name}")).to_be_visible()
     # The first org is loaded: the page knows the caller's role in it.
-    await expect(page.get_by_text(re.compile(r"^You are \w+ of "))).to_be_visible()
+    await expect(page.get_by_text(re.compile(r"^You are an? \w+ of "))).to_be_visible()
 
 
 def my_exports(page: Page) -> Locator:
@@ -188,3 +188,9 @@ def my_exports(page: Page) -> Locator:
 def org_exports(page: Page) -> Locator:
     """The exports in the owners' and admins' "Every export in this organization" region."""
     return page.get_by_role("region", name="Every export in this organization").get_by_role("listitem")
+
+
+async def go_to(page: Page, view: str) -> None:
+    """Open one of the org's views by its link in the page's navigation ("Your exports", "All exports", ...)."""
+    await page.get_by_role("navigation", name="Organization").get_by_role("link", name=view, exact=True).click()
+    await expect(page.get_by_role("link", name=view, exact=True)).to_have_attribute("aria-current", "page")
