@@ -323,6 +323,8 @@ function listFailed(generation, error, slot, retry) {
   answer(slot, `The list could not be read. ${failure(error)}`, true);
 }
 
+const MINE_OPTION = $("f-assignment-mine");
+
 function renderForm() {
   const org = state.org;
   // Customers may only request their own tickets: the other choices are not offered at all.
@@ -332,10 +334,15 @@ function renderForm() {
     $(id).querySelector("input").disabled = !staff;
   }
   if (!staff) $("kind-tickets").checked = true;
-  // Tickets are assigned to staff only, so "assigned to me" never matches a customer's tickets (SPEC §4).
-  $("f-assignment-mine").hidden = !staff;
-  $("f-assignment-mine").disabled = !staff;
-  if (!staff && $("f-assignment").value === "mine") $("f-assignment").value = "";
+  // Tickets are assigned to staff only, so "assigned to me" never matches a customer's tickets (SPEC §4): the
+  // choice is not offered to them at all.
+  const select = $("f-assignment");
+  if (!staff && MINE_OPTION.isConnected) {
+    if (select.value === "mine") select.value = "";
+    MINE_OPTION.remove();
+  } else if (staff && !MINE_OPTION.isConnected) {
+    select.insertBefore(MINE_OPTION, select.options[1] || null);
+  }
   $("request-export").disabled = org.state === "deleting";
   syncKind();
 }

@@ -23,7 +23,8 @@ export function answer(slot, text, bad = false) {
   slot.setAttribute("role", bad ? "alert" : "status");
   slot.classList.toggle("bad", bad);
   slot.textContent = text;
-  if (text) slot.scrollIntoView({ block: "nearest" });
+  // Centred rather than "nearest": at the very edge of a phone's screen an answer is easy to miss.
+  if (text) slot.scrollIntoView({ block: "center" });
 }
 
 /** A failure in words: an API refusal as the API explained it, or an unreachable server. */
