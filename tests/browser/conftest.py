@@ -61,9 +61,9 @@ class _Server(uvicorn.Server):
         return contextlib.nullcontext()
 
 
-@pytest.fixture(scope="module")
-async def base_url(settings: Settings) -> AsyncIterator[str]:
-    """The real app listening on 127.0.0.1:<free port>, for the module's tests."""
+@contextlib.asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[str]:
+    """The real app on `settings`, listening on 127.0.0.1:<free port> until the block ends; yields its URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -82,6 +82,13 @@ async def base_url(settings: Settings) -> AsyncIterator[str]:
         server.should_exit = True
         await asyncio.wait_for(task, WAIT_MS / 1000)
         sock.close()
+
+
+@pytest.fixture(scope="module")
+async def base_url(settings: Settings) -> AsyncIterator[str]:
+    """The real app listening on 127.0.0.1:<free port>, for the module's tests."""
+    async with serving(settings) as url:
+        yield url
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import re
-import socket
 import uuid
 import zipfile
 from collections.abc import AsyncIterator
@@ -21,16 +20,14 @@ from typing import Any
 
 import psycopg
 import pytest
-import uvicorn
 from axe_playwright_python.async_playwright import Axe
 from playwright.async_api import Locator, Page, expect
 
-from space.app import create_app
 from space.config import Settings
 from space.db import Database
 from space.exports.pipeline import run_export
 from space.worker import run_worker
-from tests.browser.conftest import SCREENSHOTS, WAIT_MS, OpenPage, _Server, go_to, my_exports, org_exports, sign_in
+from tests.browser.conftest import SCREENSHOTS, WAIT_MS, OpenPage, go_to, my_exports, org_exports, serving, sign_in
 from tests.exports.fixtures import add_project, add_tickets, create_export, insert_export, runner, tuned, uid
 from tests.helpers import Api, Org
 from tests.helpers import TestUser as User
@@ -65,10 +62,10 @@ async def test_a_rate_limited_request_is_answered_beside_the_button_at_phone_wid
     await button.click()
     answer = page.get_by_role("alert").filter(has_text="You have asked for several exports just now.")
     # The time to ask again, in the viewer's zone, with the zone named.
-    await expect(answer).to_contain_text(re.compile(r"You can ask again in \d+ s \(at \d{1,2}:\d{2}:\d{2}\W*\w* \S+\)\."))
-    zone = await page.evaluate(
-        "new Date().toLocaleTimeString(undefined, {timeZoneName: 'short'}).split(' ').pop()"
+    await expect(answer).to_contain_text(
+        re.compile(r"You can ask again in \d+ s \(at \d{1,2}:\d{2}:\d{2}\W*\w* \S+\)\.")
     )
+    zone = await page.evaluate("new Date().toLocaleTimeString(undefined, {timeZoneName: 'short'}).split(' ').pop()")
     await expect(answer).to_contain_text(f" {zone})")
     await _in_viewport(page, answer)
     await expect(my_exports(page)).to_have_count(3)
@@ -346,7 +343,9 @@ async def test_every_view_has_no_axe_violations_and_is_photographed(
     await page.get_by_role("dialog").get_by_role("button", name="Go back").click()
 
     await page.goto(f"/#/orgs/{org.id}/exports/{export_id}")
-    await expect(page.get_by_role("region", name="Tickets (CSV): status open").get_by_text("Ready to download")).to_be_visible()
+    await expect(
+        page.get_by_role("region", name="Tickets (CSV): status open").get_by_text("Ready to download")
+    ).to_be_visible()
     await _check_view(page, "export", width)
 
     await go_to(page, "New organization")
@@ -376,26 +375,16 @@ def limited(settings: Settings) -> Settings:
 @pytest.fixture
 async def limited_url(limited: Settings) -> AsyncIterator[str]:
     """A second app on the limited settings, on a free port, and a real worker with them."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    server = _Server(uvicorn.Config(create_app(limited), log_level="warning", lifespan="on"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
     started = asyncio.Event()
     work = asyncio.create_task(run_worker(limited, started=started))
     try:
-        async with asyncio.timeout(WAIT_MS / 1000):
-            while not server.started:
-                await asyncio.sleep(0.02)
-            await started.wait()
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        await asyncio.wait_for(started.wait(), WAIT_MS / 1000)
+        async with serving(limited) as url:
+            yield url
     finally:
         work.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(work, WAIT_MS / 1000)
-        server.should_exit = True
-        await asyncio.wait_for(task, WAIT_MS / 1000)
-        sock.close()
 
 
 async def _member_of_big_org(api: Api, db: Database) -> tuple[Org, User]:
@@ -414,7 +403,7 @@ async def test_the_owner_of_an_org_above_the_one_export_limit_takes_the_final_ar
     await page.goto(f"{limited_url}/")
     await sign_in(page, person)
     await go_to(page, "Settings")
-    await page.get_by_label("Type the organization's name to confirm deletion").fill(org.name)
+    await page.get_by_label("Type the organization's name to confirm deletion").fill("Big Final")
     await page.get_by_role("button", name="Request deletion").click()
     await page.get_by_role("dialog").get_by_role("button", name="Delete the organization").click()
     await expect(page.get_by_role("alert")).to_contain_text("Take a complete export before deleting")

@@ -178,7 +178,8 @@ async function route(fresh = true) {
   if (view === "exports") await exports.showMine(generation, fresh);
   else if (view === "export") await exports.showOne(generation, target.exportId);
   else if (view === "all") await exports.showAll(generation, fresh);
-  else if (view === "audit") await audit.show(generation);
+  // A clock tick leaves the trail as it is (older pages the reader opened stay open).
+  else if (view === "audit" && fresh) await audit.show(generation);
   else if (view === "settings" && fresh) await settings.show(generation);
 }
 

@@ -59,7 +59,7 @@ const PROBLEMS = {
 const LIMIT_REASONS = {
   too_many_rows: {
     archive:
-      "One of the archive's files has more rows than an archive may hold. The operator can raise SPACE_ARCHIVE_ROW_LIMIT, then request it again.",
+      "One of the archive's files has more rows than an archive may hold. The operator can raise SPACE_ARCHIVE_ROW_LIMIT, then request it again; a snapshot also counts as the final export before a deletion.",
     snapshot:
       "The organization has more projects and tasks than one snapshot may hold. The operator can raise SPACE_EXPORT_ROW_LIMIT; the complete archive has limits of its own.",
   },
