@@ -123,6 +123,15 @@ function showView(name) {
   $("org-bar").hidden = state.orgs.length === 0 && name === "new-org";
 }
 
+// A new view takes the focus to its heading: a screen reader says where the reader now is, and Tab goes on from
+// there instead of from a link that may have been hidden.
+function focusView(name) {
+  const heading = document.querySelector(`[data-view="${name}"]:not(a) h2`);
+  if (!heading) return;
+  heading.tabIndex = -1;
+  heading.focus({ preventScroll: true });
+}
+
 const TITLES = {
   exports: "Your exports",
   export: "Export",
@@ -175,6 +184,7 @@ async function route(fresh = true) {
   renderOrg();
   showView(view);
   document.title = `${TITLES[view]} · ${state.org.name} · Space`;
+  if (fresh) focusView(view);
   if (view === "exports") await exports.showMine(generation, fresh);
   else if (view === "export") await exports.showOne(generation, target.exportId);
   else if (view === "all") await exports.showAll(generation, fresh);
