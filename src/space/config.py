@@ -94,6 +94,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Webhook endpoints one org may register; beyond it, 409 webhook_limit_reached."""
     link_rate_limit: PositiveInt = 60
     """Download links one user may mint per minute (over all orgs); beyond it, 429 rate_limited."""
+    archive_row_limit: PositiveInt = 20_000_000
+    """Rows one member file of a complete archive may hold, counted per file (the archive's own export_row_limit)."""
+    archive_byte_limit: PositiveInt = 17_179_869_184
+    """Bytes a complete archive's whole ZIP may take, in bytes (the archive's own export_byte_limit)."""
+    archive_timeout_seconds: PositiveFloat = 1800
+    """Bound on a complete archive's read transaction, in seconds (the archive's own export_timeout_seconds)."""
     trusted_proxies: str = ""
     """Comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client (audit `ip`)."""
 
@@ -136,6 +142,9 @@ ENV_VARS: dict[str, str] = {
     "SPACE_WEBHOOK_RETRY_SECONDS": "webhook_retry_seconds",
     "SPACE_WEBHOOKS_PER_ORG": "webhooks_per_org",
     "SPACE_LINK_RATE_LIMIT": "link_rate_limit",
+    "SPACE_ARCHIVE_ROW_LIMIT": "archive_row_limit",
+    "SPACE_ARCHIVE_BYTE_LIMIT": "archive_byte_limit",
+    "SPACE_ARCHIVE_TIMEOUT_SECONDS": "archive_timeout_seconds",
     "SPACE_QUEUE_NAME": "queue_name",
     "SPACE_RESULT_STORE": "result_store",
     "SPACE_RESULT_REDIRECT": "result_redirect",

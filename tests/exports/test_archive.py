@@ -181,7 +181,7 @@ async def test_an_archive_stopped_in_its_first_member_stores_nothing(
     org = await _seeded(api, db)
     export = await create_export(api, org, org.owner, {"kind": "archive"})
     # 100 bytes: the build stops inside snapshot.json, its reads closed before the transaction ends.
-    tiny = tuned(settings, export_byte_limit=100)
+    tiny = tuned(settings, archive_byte_limit=100)
     assert await run_export(runner(tiny, db), uid(export["id"]), uid(org.id)) == "too_large"
     job = await job_row(db, org.id, export["id"])
     assert job.state == "failed" and job.error_code == "too_large"
@@ -200,25 +200,3 @@ async def test_customers_may_not_request_an_archive(api: Api, db: Database) -> N
     # An archive takes no filters or delimiter: the CSV inside is every ticket, with `,`.
     r = await api.call("POST", org.path("/exports"), org.owner, json={"kind": "archive", "delimiter": ";"})
     assert_problem(r, 400, "invalid_request")
-
-
-async def test_the_row_and_byte_limits_apply_to_the_archive_as_a_whole(
-    api: Api, db: Database, settings: Settings
-) -> None:
-    org = await _seeded(api, db)
-    # 10 rows in all: 5 in the snapshot, 5 tickets. Each part alone is within 9; together they are not.
-    export = await create_export(api, org, org.owner, {"kind": "archive"})
-    assert await run_export(runner(tuned(settings, export_row_limit=9), db), uid(export["id"]), uid(org.id)) == (
-        "too_many_rows"
-    )
-    export = await create_export(api, org, org.owner, {"kind": "archive"})
-    assert await run_export(runner(tuned(settings, export_row_limit=10), db), uid(export["id"]), uid(org.id)) == (
-        "completed"
-    )
-    size = (await job_row(db, org.id, export["id"])).byte_size
-    assert size is not None
-    export = await create_export(api, org, org.owner, {"kind": "archive"})
-    # The ZIP's own bytes count: a limit one byte short of the whole archive fails it.
-    small = tuned(settings, export_byte_limit=size - 1)
-    assert await run_export(runner(small, db), uid(export["id"]), uid(org.id)) == "too_large"
-    assert await chunk_count(db, org.id, export["id"]) == 0

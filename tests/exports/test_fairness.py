@@ -20,6 +20,7 @@ from saq.job import Status
 from space.config import Settings
 from space.db import Database
 from space.db.locks import ORG_CLAIMS
+from space.exports.formats.registry import ExportKind
 from space.exports.jobs import wake_after_export_job
 from space.exports.lease import Lease
 from space.exports.pipeline import run_export
@@ -159,12 +160,12 @@ async def test_a_refused_claim_wakes_its_org_once_its_queue_entry_has_finished(
     try:
         lease = await Lease.claim(db, settings, uid(running["id"]), oid)
         assert lease is not None
-        assert await enqueue_export(queue, settings, uid(waiting["id"]), oid)
+        assert await enqueue_export(queue, settings, uid(waiting["id"]), oid, ExportKind.tickets_csv)
         entry = await queue.job(waiting["id"])
         assert entry is not None
         assert await run_export(runner(settings, db), uid(waiting["id"]), oid) == "deferred"
         await fail_lease(lease, "too_large")  # the running one ends; its own wake-up would find `waiting`'s key taken
-        assert not await enqueue_export(queue, settings, uid(waiting["id"]), oid)
+        assert not await enqueue_export(queue, settings, uid(waiting["id"]), oid, ExportKind.tickets_csv)
         await entry.finish(Status.COMPLETE, result="deferred")
         ctx: dict[str, Any] = {"settings": settings, "db": db, "worker": SimpleNamespace(queue=queue), "job": entry}
         await wake_after_export_job(ctx)

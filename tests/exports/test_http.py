@@ -87,6 +87,7 @@ async def test_create_answers(api: Api, users: UserFactory) -> None:
         "state",
         "progress",
         "errorCode",
+        "errorDetail",
         "filters",
         "delimiter",
         "scope",

@@ -445,6 +445,7 @@ async def test_an_older_database_is_refused_until_migrated_and_its_old_queue_ent
 
     from space.check import ready_to_serve
     from space.db import queue_conninfo
+    from space.exports.formats.registry import ExportKind
     from space.exports.queue import export_job
     from space.failures import OperatorError
     from space.queue import open_queue
@@ -458,7 +459,7 @@ async def test_an_older_database_is_refused_until_migrated_and_its_old_queue_ent
         old = PostgresQueue(url=queue_conninfo(url), name="space", min_size=1, max_size=2)
         await old.connect()
         try:
-            assert await old.enqueue(export_job(settings, export_id, org_id)) is not None
+            assert await old.enqueue(export_job(settings, export_id, org_id, ExportKind.snapshot)) is not None
             assert (
                 await old.enqueue("reconcile_exports_job", key="cron:reconcile_exports_job", scheduled=2**31)
                 is not None
@@ -473,7 +474,7 @@ async def test_an_older_database_is_refused_until_migrated_and_its_old_queue_ent
             await queue.connect()
             try:
                 # The export's key is free again for the new queue (the reconciler's enqueue is not refused).
-                assert await queue.enqueue(export_job(settings, export_id, org_id)) is not None
+                assert await queue.enqueue(export_job(settings, export_id, org_id, ExportKind.snapshot)) is not None
                 entry = await queue.job(str(export_id))
                 assert entry is not None and entry.queue is not None and entry.queue.name == queue.name
             finally:

@@ -18,6 +18,7 @@ from sqlalchemy import text
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork, queue_conninfo
 from space.exports.failures import LeaseLost
+from space.exports.formats.registry import ExportKind
 from space.exports.jobs import run_export_job
 from space.exports.lease import Built, Lease
 from space.exports.maintenance import cleanup, reconcile
@@ -228,7 +229,7 @@ async def test_queue_report_failing_after_commit_keeps_the_result(
     await _drop_queue_entry(owner_url, eid)
     queue = PostgresQueue(url=queue_conninfo(owner_url), name=f"test-{uuid.uuid4().hex[:8]}", min_size=1, max_size=4)
     await queue.connect()
-    assert await queue.enqueue(export_job(settings, eid, oid)) is not None
+    assert await queue.enqueue(export_job(settings, eid, oid, ExportKind.tickets_csv)) is not None
 
     async def run_then_lose_the_queue(ctx: Any, **kwargs: Any) -> str:
         # The real job; then the broker goes away before SAQ records the result.

@@ -5,7 +5,8 @@ test below runs with S3 results and redirects on (downloads follow the 303 to mo
 redirects off (the API streams the object). The runner's store follows the settings (`fixtures.runner`).
 Chosen: the worker tests that build results through the store and download them (rows in batches with
 progress, list and CSV filters agree, the row and byte limits, snapshot content, CSV rules, customer scope) and
-the archive's (every member and its manifest, its CSV byte for byte, its limits as a whole).
+the archive's (every member and its manifest, its CSV byte for byte, its own limits: rows per member file, bytes
+of the whole ZIP).
 Left out: tests that count `export_chunks` rows or insert them directly (the multi-chunk test, the result
 route's order, expiry, delete); test_s3_store.py covers those cases for objects. The end-to-end worker test
 checks the API's ETag, which a redirected download does not carry (the store's own ETag answers there).
@@ -24,7 +25,10 @@ from tests.exports.s3_fixtures import S3Server, s3_settings
 from tests.exports.test_archive import (
     test_the_archive_holds_every_member_and_its_manifest_matches_them,
     test_the_archives_csv_is_byte_for_byte_a_tickets_csv_export,
-    test_the_row_and_byte_limits_apply_to_the_archive_as_a_whole,
+)
+from tests.exports.test_archive_limits import (
+    test_the_archive_byte_limit_bounds_the_whole_zip,
+    test_the_archive_row_limit_counts_each_member_file,
 )
 from tests.exports.test_worker import (
     test_205_rows_in_batches_each_once_with_progress,
@@ -44,9 +48,10 @@ __all__ = [
     "test_list_and_csv_filters_agree",
     "test_row_limit_plus_one_fails_too_many_rows",
     "test_snapshot_content",
+    "test_the_archive_byte_limit_bounds_the_whole_zip",
     "test_the_archive_holds_every_member_and_its_manifest_matches_them",
+    "test_the_archive_row_limit_counts_each_member_file",
     "test_the_archives_csv_is_byte_for_byte_a_tickets_csv_export",
-    "test_the_row_and_byte_limits_apply_to_the_archive_as_a_whole",
     "test_two_customers_each_get_only_their_rows",
 ]
 

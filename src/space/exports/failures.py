@@ -10,6 +10,8 @@ class ExportFailure(Exception):
     def __init__(self, code: str, detail: str = "") -> None:
         super().__init__(detail or code)
         self.code = code
+        self.detail = detail
+        """Words for the owner (which limit, the setting that raises it), kept as the export's `errorDetail`."""
 
 
 class LeaseLost(Exception):

@@ -154,10 +154,10 @@ class Lease:
         """Write progress now; it renews the lease as well."""
         await self._write(progress=progress, **ledger.renewed(self.settings.export_lease_seconds))
 
-    async def fail_in(self, uow: UnitOfWork, code: str) -> None:
-        """Mark the export failed with `code` inside the caller's transaction, its outcome recorded in it
-        (`outcomes.ended`). A stale execution's failure changes nothing."""
-        await self.write_in(uow.session, **ledger.failed(code))
+    async def fail_in(self, uow: UnitOfWork, code: str, detail: str = "") -> None:
+        """Mark the export failed with `code` (and `detail`, its words for the owner) inside the caller's
+        transaction, its outcome recorded in it (`outcomes.ended`). A stale execution's failure changes nothing."""
+        await self.write_in(uow.session, **ledger.failed(code, detail))
         await outcomes.ended(uow, self.queue, outcomes.failed(self.export_id, self.org_id, self.kind, code))
 
     async def hand_back(self) -> None:

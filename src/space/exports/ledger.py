@@ -22,14 +22,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import Interval
 
 from space.auth.models import User
-from space.exports.formats.registry import ExportKind
+from space.exports.formats.registry import FINAL_KINDS, ExportKind
 from space.exports.models import ACTIVE_STATES, ExportJob, ExportState
 
 ACTIVE = tuple(s.value for s in ACTIVE_STATES)
 REVOKED = "export_revoked"
 """The errorCode of a completed export whose result an owner or admin of the org removed."""
-FINAL_EXPORT_KINDS = (ExportKind.snapshot.value, ExportKind.archive.value)
-"""Kinds that satisfy the final-export rule of a deletion request (SPEC §3)."""
 _MINUTE = func.make_interval(0, 0, 0, 0, 0, 1)
 
 
@@ -282,7 +280,7 @@ async def has_recent_final_export(
         and_(
             ExportJob.org_id == org_id,
             ExportJob.creator_id == user_id,
-            ExportJob.kind.in_(FINAL_EXPORT_KINDS),
+            ExportJob.kind.in_(FINAL_KINDS),
             ExportJob.completed_at >= func.now() - window,
             *_stored(),
         )
@@ -328,6 +326,7 @@ async def claim(
                 started_at=func.coalesce(ExportJob.started_at, _now()),
                 progress=0,
                 error_code=None,
+                error_detail=None,
             )
             .returning(
                 ExportJob.attempt,
@@ -366,17 +365,17 @@ async def claimable(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UU
     return bool(await session.scalar(select(found)))
 
 
-async def waiting(session: AsyncSession, org_id: uuid.UUID, limit: int) -> list[uuid.UUID]:
-    """The org's `limit` oldest claimable exports (queued, or running under an expired lease)."""
+async def waiting(session: AsyncSession, org_id: uuid.UUID, limit: int) -> list[tuple[uuid.UUID, ExportKind]]:
+    """The org's `limit` oldest claimable exports (queued, or running under an expired lease), with their kinds."""
     if limit <= 0:
         return []
-    rows = await session.scalars(
-        select(ExportJob.id)
+    rows = await session.execute(
+        select(ExportJob.id, ExportJob.kind)
         .where(ExportJob.org_id == org_id, ExportJob.deleted_at.is_(None), _claimable())
         .order_by(ExportJob.created_at, ExportJob.id)
         .limit(limit)
     )
-    return list(rows)
+    return [(export_id, ExportKind(kind)) for export_id, kind in rows]
 
 
 async def lease_ran_out(session: AsyncSession, export_id: uuid.UUID, org_id: uuid.UUID) -> bool:
@@ -438,9 +437,15 @@ def renewed(lease_seconds: float) -> dict[str, Any]:
     return {"lease_expires_at": _now() + seconds(lease_seconds)}
 
 
-def failed(code: str) -> dict[str, Any]:
-    """The columns a failure sets."""
-    return {"state": ExportState.failed.value, "error_code": code, "lease_expires_at": None, "completed_at": _now()}
+def failed(code: str, detail: str = "") -> dict[str, Any]:
+    """The columns a failure sets (`detail`: its words for the owner, none when empty)."""
+    return {
+        "state": ExportState.failed.value,
+        "error_code": code,
+        "error_detail": detail or None,
+        "lease_expires_at": None,
+        "completed_at": _now(),
+    }
 
 
 def handed_back() -> dict[str, Any]:
@@ -458,6 +463,7 @@ def completed(
         "state": ExportState.completed.value,
         "progress": 100,
         "error_code": None,
+        "error_detail": None,
         "completed_at": now,
         "expires_at": now + seconds(ttl_seconds),
         "snapshot_at": snapshot_at,

@@ -40,8 +40,8 @@ async def wake(settings: Settings, db: Database, queue: Queue, org_id: uuid.UUID
         room = settings.export_org_concurrency - await ledger.running(uow.session, org_id)
         waiting = await ledger.waiting(uow.session, org_id, room)
     woken = 0
-    for export_id in waiting:
-        if await enqueue_export(queue, settings, export_id, org_id):
+    for export_id, kind in waiting:
+        if await enqueue_export(queue, settings, export_id, org_id, kind):
             log.info("enqueued waiting export %s of org %s", export_id, org_id)
             woken += 1
     return woken

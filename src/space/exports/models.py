@@ -46,6 +46,8 @@ class ExportJob(Base):
     state: Mapped[str] = mapped_column(default=ExportState.queued.value)
     progress: Mapped[int] = mapped_column(default=0)
     error_code: Mapped[str | None]
+    error_detail: Mapped[str | None]
+    """A failure's words for the owner: which limit it passed and the setting that raises it (migration 0016)."""
     filters: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
     delimiter: Mapped[str] = mapped_column(default=",")
     scope: Mapped[str]

@@ -96,7 +96,7 @@ async def _run(runner: ExportRunner, export_id: uuid.UUID, org_id: uuid.UUID, ga
             await gate("before_publish", lease)
             outcome = await publish(runner, lease, built, gate)
         except ExportFailure as failure:
-            outcome = await _fail(runner, lease, failure.code)
+            outcome = await _fail(runner, lease, failure.code, failure.detail)
         except LeaseLost:
             # Cancelled (by its owner, an admin, or a role change) or taken over: this execution is never
             # published, so its chunks go now rather than at the next cleanup. No other execution's are touched.
@@ -158,25 +158,27 @@ async def check(session: AsyncSession, lease: Lease, org_state: str | None) -> u
 async def build(runner: ExportRunner, lease: Lease, gate: Gate = _open) -> Built:
     """Steps 2-5: re-check eligibility, read in one REPEATABLE READ READ ONLY transaction, store the chunks."""
     settings = runner.settings
+    # The kind's own bounds: one export's, or the complete archive's (far higher, rows per member file).
+    limits = KINDS[ExportKind(lease.kind)].limits(settings)
     async with UnitOfWork(runner.db.sessionmaker, Tenant(org_id=lease.org_id)) as uow:
         membership_id = await check(uow.session, lease, await orgs.org_state(uow.session, lease.org_id))
     await gate("eligible", lease)
     chunk_bytes = runner.store.chunk_bytes(settings.export_chunk_bytes)
-    out = ChunkWriter(runner.store, lease.key, chunk_bytes, settings.export_byte_limit)
+    out = ChunkWriter(runner.store, lease.key, chunk_bytes, limits)
     rows = 0
     try:
         async with (
-            asyncio.timeout(settings.export_timeout_seconds),
+            asyncio.timeout(limits.timeout_seconds),
             UnitOfWork(runner.db.sessionmaker, lease.tenant, isolation="REPEATABLE READ", read_only=True) as uow,
         ):
-            await _bound_transaction(uow.session, settings)
+            await _bound_transaction(uow.session, limits.timeout_seconds)
             await _not_pooled(uow.session)
             # now() is the transaction's start: the moment the snapshot stands for.
             snapshot_at: dt.datetime = (await uow.session.execute(select(func.now()))).scalar_one()
             source = await _format(uow.session, lease, membership_id)
-            total = await source.count(uow.session)
-            if total > settings.export_row_limit:
-                raise ExportFailure("too_many_rows", f"{total} rows exceed the limit of {settings.export_row_limit}.")
+            counts = await source.count(uow.session)
+            limits.check_rows(counts)
+            total = sum(counts.values())
             await _prefer_keyset_plans(uow.session)
             await gate("counted", lease)
             await out.write(source.header(snapshot_at))
@@ -208,12 +210,12 @@ async def build(runner: ExportRunner, lease: Lease, gate: Gate = _open) -> Built
             # No chunk write may land after a failure is recorded (the failure deletes the execution's chunks).
             await out.discard()
         if isinstance(exc, TimeoutError):
-            raise ExportFailure("timeout", "The export's read took longer than allowed.") from None
+            raise limits.timed_out() from None
         # statement_timeout cancels the query; PostgreSQL 17+'s transaction_timeout ends the session. Batches
         # run on the driver connection itself, so its errors arrive unwrapped too.
         cause = exc.orig if isinstance(exc, DBAPIError) else exc
         if isinstance(cause, (psycopg.errors.QueryCanceled, psycopg.errors.TransactionTimeout)):
-            raise ExportFailure("timeout", "The export's read took longer than allowed.") from None
+            raise limits.timed_out() from None
         raise
     return Built(row_count=rows, byte_size=out.total, sha256=out.sha256, snapshot_at=snapshot_at)
 
@@ -238,7 +240,7 @@ async def publish(runner: ExportRunner, lease: Lease, built: Built, gate: Gate =
             # Under the org lock: publishes of one org are ordered, so none counts without another's bytes.
             await _within_quota(uow.session, lease, built.byte_size, runner.settings.org_result_quota_bytes)
         except ExportFailure as failure:
-            await lease.fail_in(uow, failure.code)
+            await lease.fail_in(uow, failure.code, failure.detail)
             outcome = failure.code
         else:
             await lease.complete_in(uow, built)
@@ -250,15 +252,18 @@ async def publish(runner: ExportRunner, lease: Lease, built: Built, gate: Gate =
 async def _within_quota(session: AsyncSession, lease: Lease, size: int, quota: int) -> None:
     stored = await ledger.stored_bytes(session, lease.org_id)
     if stored + size > quota:
+        # The org's stored total is not in the words: a customer sees them, and the total counts others' results.
         raise ExportFailure(
-            "quota_exceeded", f"{size} bytes would take the org's stored results ({stored}) past {quota}."
+            "quota_exceeded",
+            f"{size} bytes would take the organization's stored results past its quota of {quota} bytes"
+            " (SPACE_ORG_RESULT_QUOTA_BYTES). Delete older exports, then request it again.",
         )
 
 
-async def _fail(runner: ExportRunner, lease: Lease, code: str) -> str:
+async def _fail(runner: ExportRunner, lease: Lease, code: str, detail: str = "") -> str:
     try:
         async with UnitOfWork(runner.db.sessionmaker, Tenant(org_id=lease.org_id)) as uow:
-            await lease.fail_in(uow, code)
+            await lease.fail_in(uow, code, detail)
     except LeaseLost:
         return "lease_lost"
     await runner.store.delete(lease.key)
@@ -275,8 +280,8 @@ async def _format(session: AsyncSession, lease: Lease, membership_id: uuid.UUID)
     return await KINDS[ExportKind(lease.kind)].open(session, lease, membership_id)
 
 
-async def _bound_transaction(session: AsyncSession, settings: Settings) -> None:
-    ms = str(max(1, int(settings.export_timeout_seconds * 1000)))
+async def _bound_transaction(session: AsyncSession, timeout_seconds: float) -> None:
+    ms = str(max(1, int(timeout_seconds * 1000)))
     await session.execute(
         text("SELECT set_config('statement_timeout', :ms, true), set_config('TimeZone', 'UTC', true)"), {"ms": ms}
     )

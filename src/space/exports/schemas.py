@@ -29,6 +29,8 @@ class Export(Output):
     state: ExportState
     progress: int
     error_code: str | None
+    error_detail: str | None
+    """Why it failed, in words: which limit it passed and the setting that raises it (None: the code says it all)."""
     filters: dict[str, Any]
     delimiter: Literal[",", ";"]
     """The CSV's column separator (a tickets CSV as requested; an archive's tickets.csv is always `,`)."""

@@ -72,6 +72,7 @@ def _fields(job: ExportJob, can_download: bool) -> dict[str, Any]:
         state=ExportState(job.state),
         progress=job.progress,
         error_code=job.error_code,
+        error_detail=job.error_detail,
         filters=job.filters or {},
         delimiter=job.delimiter,
         scope=ExportScope(job.scope),
@@ -182,7 +183,7 @@ async def create_export(
     if await ledger.active(session, org.id) <= settings.export_org_concurrency:
 
         async def enqueue() -> None:
-            await enqueue_quietly(queue, settings, export_id, org_id)
+            await enqueue_quietly(queue, settings, export_id, org_id, kind)
 
         uow.after_commit(enqueue)
     return export_out(job, can_download=False)
@@ -488,7 +489,7 @@ async def open_result(
             f"The export is {job.state} ({job.progress}%).", headers={"Retry-After": str(NOT_READY_RETRY_AFTER)}
         )
     if job.state in {s.value for s in FAILED_STATES}:
-        raise ExportFailed(f"The export {job.state}: {job.error_code}.", errorCode=job.error_code)
+        raise ExportFailed(job.error_detail or f"The export {job.state}: {job.error_code}.", errorCode=job.error_code)
     if job.error_code == ledger.REVOKED:
         raise ExportRevoked("An owner or admin of the organization removed this export's result.")
     if job.purged_at is not None or job.expires_at is None or job.expires_at <= now:

@@ -35,13 +35,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from zipstream import ZIP_STORED, ZipStream
 
 from space.exports.formats.base import BATCH_BYTES, Batch, ExportRequest, Format, Order, rfc3339
+from space.exports.formats.snapshot import FILE as SNAPSHOT_FILE
 from space.exports.formats.snapshot import Id, Snapshot, SnapshotDocument, Stamp
+from space.exports.formats.tickets_csv import FILE as TICKETS_FILE
 from space.exports.formats.tickets_csv import TicketsCsv
 from space.orgs import service as orgs
 from space.tickets.filters import TicketFilters
 
-SNAPSHOT_MEMBER = "snapshot.json"
-TICKETS_MEMBER = "tickets.csv"
+SNAPSHOT_MEMBER = SNAPSHOT_FILE
+TICKETS_MEMBER = TICKETS_FILE
 SCHEMA_MEMBER = "schemas/snapshot.schema.json"
 MANIFEST_MEMBER = "manifest.json"
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -151,9 +153,9 @@ class Archive:
         self.tickets = TicketsCsv(org_id, TicketFilters(), None, ",")
         self.snapshot_at: dt.datetime | None = None
 
-    async def count(self, session: AsyncSession) -> int:
-        """Rows of both parts: live projects and their tasks, and every ticket."""
-        return await self.snapshot.count(session) + await self.tickets.count(session)
+    async def count(self, session: AsyncSession) -> dict[str, int]:
+        """Rows of each data member: live projects and their tasks (snapshot.json), every ticket (tickets.csv)."""
+        return {**await self.snapshot.count(session), **await self.tickets.count(session)}
 
     def header(self, snapshot_at: dt.datetime) -> bytes:
         """Nothing: the ZIP begins with its first member. Keeps the moment the snapshot stands for."""

@@ -44,10 +44,11 @@ class Batch:
 
 
 class Format(Protocol):
-    """An output format: counts its rows, then reads header, batches in stable order, footer."""
+    """An output format: counts its rows (per file: an archive's limit counts each member file on its own), then
+    reads header, batches in stable order, footer."""
 
-    async def count(self, session: AsyncSession) -> int:
-        """Rows the export will contain (inside the read transaction)."""
+    async def count(self, session: AsyncSession) -> dict[str, int]:
+        """Rows the export will contain, per file of its result (inside the read transaction)."""
         ...
 
     def header(self, snapshot_at: dt.datetime) -> bytes:

@@ -39,6 +39,8 @@ from space.orgs import service as orgs
 from space.projects.models import Project, Task
 
 SCHEMA_VERSION = 1
+FILE = "snapshot.json"
+"""The snapshot's file, as a failure's words and the archive's member name call it."""
 _ENCODE_ROWS = 2000
 ENCODE_BYTES = 128 * 1024
 """About this many bytes of snapshot rows are encoded at a time (at most _ENCODE_ROWS rows)."""
@@ -156,13 +158,13 @@ class Snapshot:
     def _tasks(self) -> list[ColumnElement[bool]]:
         return [Task.org_id == self.org_id, Project.org_id == self.org_id, Project.deleted_at.is_(None)]
 
-    async def count(self, session: AsyncSession) -> int:
-        """Live projects plus their tasks."""
+    async def count(self, session: AsyncSession) -> dict[str, int]:
+        """Live projects plus their tasks, the rows of the one file."""
         projects = await session.scalar(select(func.count()).select_from(Project).where(*self._projects()))
         tasks = await session.scalar(
             select(func.count()).select_from(Task).join(Project, Project.id == Task.project_id).where(*self._tasks())
         )
-        return int(projects or 0) + int(tasks or 0)
+        return {FILE: int(projects or 0) + int(tasks or 0)}
 
     def header(self, snapshot_at: dt.datetime) -> bytes:
         """The envelope up to the projects array."""

@@ -26,6 +26,8 @@ from space.orgs.models import Membership
 from space.tickets.filters import TicketFilters, parse_filters, ticket_conditions
 from space.tickets.models import Ticket
 
+FILE = "tickets.csv"
+"""The CSV's file, as a failure's words and the archive's member name call it."""
 CSV_HEADER = ("number", "title", "status", "priority", "assignee", "createdAt", "updatedAt")
 BOM = "\ufeff".encode()
 CRLF = "\r\n"
@@ -92,10 +94,10 @@ class TicketsCsv:
             where.append(Ticket.creator_id == self.creator_id)
         return where
 
-    async def count(self, session: AsyncSession) -> int:
-        """Matching tickets visible under the export's RLS context."""
+    async def count(self, session: AsyncSession) -> dict[str, int]:
+        """Matching tickets visible under the export's RLS context, the rows of the one file."""
         n = await session.scalar(select(func.count()).select_from(Ticket).where(*self._where()))
-        return int(n or 0)
+        return {FILE: int(n or 0)}
 
     def header(self, snapshot_at: dt.datetime) -> bytes:
         """BOM and the quoted header record."""

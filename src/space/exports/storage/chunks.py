@@ -8,13 +8,14 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from space.exports.failures import ExportFailure
+from space.exports.limits import Limits
 from space.exports.storage.protocol import ChunkSink, ResultKey, ResultStore
 
 
 @dataclass
 class ChunkWriter:
-    """Cuts the byte stream into fixed-size chunks, hashing and counting as it goes; enforces the byte limit.
+    """Cuts the byte stream into fixed-size chunks, hashing and counting as it goes; enforces the byte limit of
+    the run's `limits`.
 
     Two buffers of one chunk each, allocated once: one is hashed and stored in the background (through the
     store's sink, one connection for the execution) while the other fills, so the read never waits for an
@@ -25,7 +26,7 @@ class ChunkWriter:
     store: ResultStore
     key: ResultKey
     chunk_bytes: int
-    byte_limit: int
+    limits: Limits
     total: int = 0
     seq: int = 0
     digest: Any = field(default_factory=hashlib.sha256)
@@ -44,8 +45,8 @@ class ChunkWriter:
     async def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes; store every full chunk."""
         size = len(data)
-        if self.total + size > self.byte_limit:
-            raise ExportFailure("too_large", f"The result exceeds {self.byte_limit} bytes.")
+        if self.total + size > self.limits.bytes:
+            raise self.limits.too_large()
         self.total += size
         view = memoryview(data).cast("B")
         while view:
