@@ -394,7 +394,6 @@ async def _member_of_big_org(api: Api, db: Database) -> tuple[Org, User]:
     return org, org.owner
 
 
-@pytest.mark.xfail(strict=True, reason="archive limits")
 async def test_the_owner_of_an_org_above_the_one_export_limit_takes_the_final_archive_and_deletes(
     api: Api, db: Database, open_page: OpenPage, limited_url: str, tmp_path: Path
 ) -> None:

@@ -28,8 +28,13 @@ function viewer(x) {
   return { isCreator: isMine(x), creatorName: x.creator.name || "A former member" };
 }
 
+// A limit's failure keeps the worker's own words (`errorDetail`): which limit, by how much, the setting that raises
+// it, and what fits the kind (an archive has no filters to narrow).
+const LIMIT_CODES = new Set(["too_many_rows", "too_large", "timeout", "quota_exceeded"]);
+
 function reasonOf(x, shown) {
   if (shown === "expired") return "This export expired: its file can no longer be downloaded. Request a new one.";
+  if (x.state === "failed" && LIMIT_CODES.has(x.errorCode) && x.errorDetail) return x.errorDetail;
   if (shown === "revoked" || x.state === "failed" || x.state === "cancelled") {
     return words.reason(x.errorCode, x.kind, viewer(x));
   }
