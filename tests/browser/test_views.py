@@ -144,6 +144,27 @@ async def test_the_org_view_of_sixty_exports_stays_within_a_few_screens_at_phone
     await expect(rows.first).to_have_attribute("data-id", seen[40])
 
 
+async def test_your_exports_come_a_page_at_a_time(api: Api, db: Database, open_page: OpenPage) -> None:
+    org = await api.org("Many Mine")
+    for n in range(12):
+        await insert_export(db, org.id, org.member.id, completed_ago=dt.timedelta(minutes=n))
+    page = await open_page("member", **PHONE)
+    await sign_in(page, org.member)
+    rows = my_exports(page)
+    await expect(rows).to_have_count(10)
+    newer = page.get_by_role("button", name="Newer exports")
+    await expect(newer).to_be_disabled()
+    first = await rows.evaluate_all("items => items.map(li => li.dataset.id)")
+    await page.get_by_role("button", name="Older exports").click()
+    await expect(rows).to_have_count(2)
+    second = await rows.evaluate_all("items => items.map(li => li.dataset.id)")
+    await expect(page.get_by_role("button", name="Older exports")).to_be_disabled()
+    items = (await api.call("GET", org.path("/exports"), org.member)).json()["items"]
+    assert first + second == [x["id"] for x in items]
+    await newer.click()
+    await expect(rows).to_have_count(10)
+
+
 async def test_the_trail_and_the_org_view_read_as_sentences_with_names_from_the_viewers_side(
     api: Api, db: Database, settings: Settings, open_page: OpenPage
 ) -> None:
