@@ -124,8 +124,9 @@ function fillRow(li, x, list) {
   p.bar.value = progress;
   p.bar.setAttribute("aria-label", `Progress of ${title(x)}`);
   p.pct.textContent = `${progress} %`;
-  // The org's view is metadata at a glance: a progress bar only while it moves.
-  const bars = list.kind === "mine" || ACTIVE.has(x.state);
+  // A progress bar while it moves, and full once done in the caller's own list; an export that ended without a
+  // result has no progress worth a line.
+  const bars = ACTIVE.has(x.state) || (list.kind === "mine" && shown === "completed");
   p.bar.hidden = !bars;
   p.pct.hidden = !bars;
   show(p.why, reasonOf(x, shown));
