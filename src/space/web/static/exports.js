@@ -212,10 +212,10 @@ async function act(action, li, button, list) {
     } else if (action === "remove") {
       await api.deleteExport(orgId, x.id);
       // The row goes: its answer is told where the list is.
-      answer(list.place, `The export was deleted: ${title(x)}.`);
+      answer(list.place || $("view-answer"), `The export was deleted: ${title(x)}.`);
     } else if (action === "again") {
-      await api.createExport(orgId, again(x));
-      if (list.onAgain) list.onAgain();
+      const { body } = await api.createExport(orgId, again(x));
+      if (list.onAgain) list.onAgain(body);
       answer(list.single ? slot : list.place, `A new export was requested: ${title(x)}. It is first in your exports.`);
     }
   } catch (error) {
@@ -485,19 +485,31 @@ async function refreshAll(generation) {
 
 /** Follow one export of the caller's in `node` (a list), with its own actions, until it ends. */
 export function follow(node, exportId, generation) {
+  let followed = exportId;
   const list = {
     kind: "mine",
     prefix: "final",
     single: true,
-    place: null,
+    place: $("deletion-answer"),
     refresh: () => poll(),
+    // Requested again: the new export is the one to follow.
+    onAgain: (created) => {
+      followed = created.id;
+    },
     signOut: (e) => hooks.signOut(e),
   };
   async function poll() {
     let found;
     try {
-      found = await api.export(state.org.id, exportId);
+      found = await api.export(state.org.id, followed);
     } catch (error) {
+      if (!current(generation)) return;
+      if (error instanceof ApiError && error.status === 404) {
+        // Deleted from here: nothing left to follow.
+        node.replaceChildren();
+        node.hidden = true;
+        return;
+      }
       return listFailed(generation, error, $("deletion-answer"), poll);
     }
     if (!current(generation)) return;
