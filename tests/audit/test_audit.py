@@ -285,3 +285,32 @@ def test_trusted_proxies_setting_is_checked() -> None:
     with pytest.raises(SettingsError, match="SPACE_TRUSTED_PROXIES"):
         load_settings({"SPACE_TRUSTED_PROXIES": "10.0.0.0/8, proxy.internal"})
     assert msgspec.json.encode(load_settings({}).trusted_proxies) == b'""'
+
+
+async def test_targets_are_named_so_the_trail_reads_without_ids(api: Api, db: Database, settings: Settings) -> None:
+    """SPEC §27: the trail reads as sentences with names; a member target carries the user's name, an export its
+    kind, the org its name, and a target that is gone reads as null (never another org's)."""
+    org = await api.org("Named Ltd")
+    x = await api.users.make("Xavier")
+    r = await api.call("POST", org.path("/members"), org.admin, json={"email": x.email, "role": "member"})
+    assert r.status_code == 201, r.text
+    e = (await create_export(api, org, org.member, {"kind": "tickets_csv"}))["id"]
+    assert (await api.call("POST", org.path("/suspend"), org.owner)).status_code == 200
+    other = await api.org("Elsewhere")
+    foreign = (await create_export(api, other, other.member, {"kind": "snapshot"}))["id"]
+    # A row naming another org's export (as no service writes it): its kind must not leak into this trail.
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=uid(org.id), user_id=org.owner.id)) as uow:
+        await uow.session.execute(
+            text(
+                "INSERT INTO audit_events (id, org_id, actor_id, action, target_type, target_id, details)"
+                " VALUES (:id, :org, :actor, 'export.cancelled', 'export', :target, '{}')"
+            ),
+            {"id": uuid.uuid4(), "org": uid(org.id), "actor": org.owner.id, "target": foreign},
+        )
+
+    items = (await _trail(api, org, org.admin))["items"]
+    targets = [(i["action"], i["target"]) for i in items]
+    assert targets[0] == ("export.cancelled", {"type": "export", "id": foreign, "name": None, "kind": None})
+    assert targets[1] == ("org.suspended", {"type": "org", "id": org.id, "name": "Named Ltd", "kind": None})
+    assert targets[2] == ("export.requested", {"type": "export", "id": e, "name": None, "kind": "tickets_csv"})
+    assert targets[3] == ("member.added", {"type": "user", "id": str(x.id), "name": x.name, "kind": None})

@@ -61,9 +61,9 @@ class _Server(uvicorn.Server):
         return contextlib.nullcontext()
 
 
-@pytest.fixture(scope="module")
-async def base_url(settings: Settings) -> AsyncIterator[str]:
-    """The real app listening on 127.0.0.1:<free port>, for the module's tests."""
+@contextlib.asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[str]:
+    """The real app on `settings`, listening on 127.0.0.1:<free port> until the block ends; yields its URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -82,6 +82,13 @@ async def base_url(settings: Settings) -> AsyncIterator[str]:
         server.should_exit = True
         await asyncio.wait_for(task, WAIT_MS / 1000)
         sock.close()
+
+
+@pytest.fixture(scope="module")
+async def base_url(settings: Settings) -> AsyncIterator[str]:
+    """The real app listening on 127.0.0.1:<free port>, for the module's tests."""
+    async with serving(settings) as url:
+        yield url
 
 
 @pytest.fixture
@@ -177,7 +184,7 @@ async def sign_in(page: Page, user: TestUser) -> None:
     await page.get_by_role("button", name="Sign in").click()
     await expect(page.get_by_text(f"Signed in as {user.name}")).to_be_visible()
     # The first org is loaded: the page knows the caller's role in it.
-    await expect(page.get_by_text(re.compile(r"^You are \w+ of "))).to_be_visible()
+    await expect(page.get_by_text(re.compile(r"^You are an? \w+ of "))).to_be_visible()
 
 
 def my_exports(page: Page) -> Locator:
@@ -188,3 +195,9 @@ def my_exports(page: Page) -> Locator:
 def org_exports(page: Page) -> Locator:
     """The exports in the owners' and admins' "Every export in this organization" region."""
     return page.get_by_role("region", name="Every export in this organization").get_by_role("listitem")
+
+
+async def go_to(page: Page, view: str) -> None:
+    """Open one of the org's views by its link in the page's navigation ("Your exports", "All exports", ...)."""
+    await page.get_by_role("navigation", name="Organization").get_by_role("link", name=view, exact=True).click()
+    await expect(page.get_by_role("link", name=view, exact=True)).to_have_attribute("aria-current", "page")

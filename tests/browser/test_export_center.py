@@ -14,7 +14,7 @@ import pytest
 from playwright.async_api import Page, expect
 
 from space.db import Database
-from tests.browser.conftest import OpenPage, my_exports, sign_in
+from tests.browser.conftest import OpenPage, go_to, my_exports, sign_in
 from tests.exports.fixtures import add_tickets, insert_export
 from tests.helpers import Api, Org
 
@@ -42,7 +42,7 @@ async def test_member_requests_a_filtered_csv_and_watches_it_complete(
     await _seed_tickets(db, org)
     page = await open_page("member")
     await sign_in(page, org.member)
-    await expect(page.get_by_text("You are Member of Printers Ltd.")).to_be_visible()
+    await expect(page.get_by_text("You are a member of Printers Ltd.")).to_be_visible()
 
     await page.get_by_label("Tickets (CSV)").check()
     await page.get_by_label("Status").select_option(label="Open")
@@ -50,7 +50,7 @@ async def test_member_requests_a_filtered_csv_and_watches_it_complete(
     await page.get_by_label("Text in title or body").fill("printer")
     await page.get_by_label("Column separator").select_option(label="Semicolon (;)")
     await page.get_by_role("button", name="Request export").click()
-    await expect(page.get_by_role("alert").filter(has_text="Export requested")).to_be_visible()
+    await expect(page.get_by_role("status").filter(has_text="Export requested")).to_be_visible()
 
     item = my_exports(page).filter(has_text='status open, priority high, text "printer"')
     await expect(item).to_be_visible()
@@ -79,7 +79,7 @@ async def test_customer_never_sees_snapshot_or_archive(api: Api, db: Database, o
     await add_tickets(db, org.id, org.customer, ["My question"])
     page = await open_page("customer")
     await sign_in(page, org.customer)
-    await expect(page.get_by_text("You are Customer of Helpdesk Co.")).to_be_visible()
+    await expect(page.get_by_text("You are a customer of Helpdesk Co.")).to_be_visible()
 
     await expect(page.get_by_label("Tickets (CSV)")).to_be_checked()
     await expect(page.get_by_label("Snapshot: projects and tasks (JSON)")).to_be_hidden()
@@ -135,11 +135,14 @@ async def test_owner_suspends_reactivates_and_deletes_with_the_final_export_step
     # Phone width: everything readable without sideways scrolling.
     page = await open_page("owner", width=375, height=800)
     await sign_in(page, org.owner)
+    await go_to(page, "Settings")
+    banner = page.get_by_role("status").filter(has_text="This organization")
 
     await page.get_by_role("button", name="Suspend organization").click()
-    await expect(page.get_by_role("status")).to_contain_text("This organization is suspended")
+    await page.get_by_role("dialog").get_by_role("button", name="Suspend the organization").click()
+    await expect(banner).to_contain_text("This organization is suspended")
     await page.get_by_role("button", name="Reactivate organization").click()
-    await expect(page.get_by_role("status")).to_be_hidden()
+    await expect(banner).to_be_hidden()
 
     confirm = page.get_by_label("Type the organization's name to confirm deletion")
     await confirm.fill("Closing")
@@ -148,18 +151,22 @@ async def test_owner_suspends_reactivates_and_deletes_with_the_final_export_step
 
     await confirm.fill("Closing Down")
     await page.get_by_role("button", name="Request deletion").click()
+    await page.get_by_role("dialog").get_by_role("button", name="Delete the organization").click()
     await expect(page.get_by_role("alert")).to_contain_text("Take a complete export before deleting")
     await expect(page.get_by_role("button", name="Export everything first")).to_be_focused()
     assert (await api.call("GET", org.path(), org.owner)).json()["state"] == "active"
 
     await page.get_by_role("button", name="Delete without a final export").click()
-    await expect(page.get_by_role("status")).to_contain_text("This organization is being deleted")
+    await expect(banner).to_contain_text("This organization is being deleted")
+    await go_to(page, "Your exports")
     await expect(page.get_by_role("button", name="Request export")).to_be_disabled()
     assert (await api.call("GET", org.path(), org.owner)).json()["state"] == "deleting"
     assert await page.evaluate("document.documentElement.scrollWidth") <= 375
 
+    await go_to(page, "Settings")
     await page.get_by_role("button", name="Cancel deletion").click()
-    await expect(page.get_by_role("status")).to_be_hidden()
+    await expect(banner).to_be_hidden()
+    await go_to(page, "Your exports")
     await expect(page.get_by_role("button", name="Request export")).to_be_enabled()
     assert (await api.call("GET", org.path(), org.owner)).json()["state"] == "active"
 
@@ -214,7 +221,8 @@ async def test_keyboard_only_sign_in_and_request(api: Api, open_page: OpenPage) 
 @pytest.mark.parametrize(
     ("code", "words"),
     [
-        ("too_many_rows", "Too many rows for one export. Narrow the filters and request it again."),
+        # A snapshot has no filters to narrow (SPEC §27): its words say which limit and who can raise it.
+        ("too_many_rows", "The organization has more projects and tasks than one snapshot may hold."),
         ("access_revoked", "Your role in the organization changed, so this export was stopped"),
         ("org_deleting", "The organization is being deleted, so this export was stopped."),
         ("worker_lost", "The export was interrupted several times and could not finish."),

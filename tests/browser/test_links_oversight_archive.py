@@ -13,7 +13,7 @@ import pytest
 from playwright.async_api import Locator, Page, expect
 
 from space.db import Database
-from tests.browser.conftest import OpenPage, my_exports, org_exports, sign_in
+from tests.browser.conftest import OpenPage, go_to, my_exports, org_exports, sign_in
 from tests.exports.fixtures import add_tickets
 from tests.helpers import Api
 
@@ -54,7 +54,7 @@ async def test_member_downloads_the_csv_and_the_saved_file_matches_its_sha256(
     assert "/result?token=" in url and not url.startswith("blob:"), url
     assert hashlib.sha256(path.read_bytes()).hexdigest() == export["sha256"]
     assert path.stat().st_size == export["byteSize"]
-    await expect(page.get_by_role("alert")).to_contain_text("Your download has started.")
+    await expect(page.get_by_role("status").filter(has_text="Your download has started.")).to_be_visible()
 
 
 async def test_admin_cancels_a_members_queued_export_and_the_member_reads_why(api: Api, open_page: OpenPage) -> None:
@@ -67,6 +67,7 @@ async def test_admin_cancels_a_members_queued_export_and_the_member_reads_why(ap
 
     admin = await open_page("admin")
     await sign_in(admin, org.admin)
+    await go_to(admin, "All exports")
     theirs = org_exports(admin).filter(has_text=f"by {org.member.name},")
     await expect(theirs.get_by_text("Waiting to start")).to_be_visible()
     await theirs.get_by_role("button", name="Cancel").click()
@@ -88,14 +89,18 @@ async def test_owner_exports_everything_first_then_requests_deletion(
     await add_tickets(db, org.id, org.member, ["Last ticket"])
     page = await open_page("owner")
     await sign_in(page, org.owner)
+    await go_to(page, "Settings")
 
     await page.get_by_label("Type the organization's name to confirm deletion").fill("Final Days")
     await page.get_by_role("button", name="Request deletion").click()
+    await page.get_by_role("dialog").get_by_role("button", name="Delete the organization").click()
     await expect(page.get_by_role("alert")).to_contain_text("Take a complete export before deleting")
     await page.get_by_role("button", name="Export everything first").click()
     await expect(page.get_by_role("button", name="Export everything first")).to_be_hidden()
 
-    archive = my_exports(page).filter(has_text="Complete archive (ZIP)")
+    # The archive is followed where it was asked for, beside the deletion.
+    lifecycle = page.get_by_role("region", name="Organization lifecycle")
+    archive = lifecycle.get_by_role("listitem").filter(has_text="Complete archive (ZIP)")
     await expect(archive.get_by_text("Ready to download")).to_be_visible()
     path, name, _ = await _save_download(page, archive, tmp_path)
     assert name.endswith(".zip")
@@ -104,12 +109,17 @@ async def test_owner_exports_everything_first_then_requests_deletion(
 
     # The deletion again, now that the final export exists.
     await page.get_by_role("button", name="Request deletion").click()
-    await expect(page.get_by_role("status")).to_contain_text("This organization is being deleted")
+    await page.get_by_role("dialog").get_by_role("button", name="Delete the organization").click()
+    banner = page.get_by_role("status").filter(has_text="This organization")
+    await expect(banner).to_contain_text("This organization is being deleted")
     assert (await api.call("GET", org.path(), org.owner)).json()["state"] == "deleting"
     await page.get_by_role("button", name="Cancel deletion").click()
-    await expect(page.get_by_role("status")).to_be_hidden()
+    await expect(banner).to_be_hidden()
     # Active again: the archive can be downloaded again, and the trail shows the deletion and its cancel.
+    await go_to(page, "Your exports")
+    archive = my_exports(page).filter(has_text="Complete archive (ZIP)")
     await expect(archive.get_by_role("button", name="Download")).to_be_visible()
+    await go_to(page, "Audit trail")
     trail = page.get_by_role("region", name="Audit trail")
     await expect(trail.get_by_role("listitem").first).to_contain_text("cancel")
 
@@ -127,6 +137,7 @@ async def test_audit_trail_pages_back(api: Api, open_page: OpenPage) -> None:
 
     page = await open_page("admin")
     await sign_in(page, org.admin)
+    await go_to(page, "Audit trail")
     trail = page.get_by_role("region", name="Audit trail")
     await expect(trail.get_by_role("listitem")).to_have_count(50)
     await expect(trail.get_by_role("listitem").first).to_contain_text(f"{org.member.name} requested an export")
@@ -135,6 +146,7 @@ async def test_audit_trail_pages_back(api: Api, open_page: OpenPage) -> None:
     await expect(trail.get_by_role("button", name="Older entries")).to_be_hidden()
     await expect(trail.get_by_text(f"{org.owner.name} suspended the organization")).to_have_count(26)
     # The admin's own view of every export names its creator.
+    await go_to(page, "All exports")
     await expect(org_exports(page).filter(has_text=f"by {org.member.name},")).to_have_count(1)
 
 

@@ -21,6 +21,10 @@ class AuditTarget(Output):
 
     type: str
     id: str
+    name: str | None = None
+    """The user's name (a `user` target) or the org's (an `org` target), so a reader needs no id; null when gone."""
+    kind: str | None = None
+    """The export's kind (an `export` target); null otherwise or when the export is gone."""
 
 
 class AuditItem(Output):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import datetime as dt
 import ipaddress
 import uuid
@@ -23,6 +24,8 @@ from space.config import Network
 from space.db import Database, Tenant, UnitOfWork
 from space.db.locks import lock_link_audit
 from space.errors import InvalidRequest
+from space.exports.models import ExportJob
+from space.orgs.models import Organization
 
 
 @dataclass(frozen=True)
@@ -186,19 +189,49 @@ async def page(session: AsyncSession, org_id: uuid.UUID, before: str | None, lim
             raise _not_a_cursor()
         stmt = stmt.where(AuditEvent.seq < position)
     rows = (await session.execute(stmt)).all()
-    items = [_item(event, name) for event, name in rows[:limit]]
+    shown = rows[:limit]
+    labels = await _target_labels(session, org_id, [event for event, _ in shown])
+    items = [_item(event, name, labels) for event, name in shown]
     more = len(rows) > limit
     return AuditPage(items=items, next=encode_cursor(rows[limit - 1][0].id) if more else None)
 
 
-def _item(event: AuditEvent, name: str | None) -> AuditItem:
+# (target type, target id) -> (name, kind): what a reader of the trail needs instead of an id.
+_Labels = dict[tuple[str, str], tuple[str | None, str | None]]
+
+
+async def _target_labels(session: AsyncSession, org_id: uuid.UUID, events: Sequence[AuditEvent]) -> _Labels:
+    # Two small IN lookups by primary key after the page is known, instead of joins on a text id: the trail's
+    # order and cursor stay those of audit_events alone. An export or user that is gone is simply not found.
+    ids: dict[str, set[uuid.UUID]] = {"export": set(), "user": set()}
+    for event in events:
+        if event.target_type in ids:
+            with contextlib.suppress(ValueError):
+                ids[event.target_type].add(uuid.UUID(event.target_id))
+    labels: _Labels = {}
+    if ids["user"]:
+        users = await session.execute(select(User.id, User.name).where(User.id.in_(ids["user"])))
+        labels.update({("user", str(uid)): (name, None) for uid, name in users.all()})
+    if ids["export"]:
+        jobs = await session.execute(
+            select(ExportJob.id, ExportJob.kind).where(ExportJob.org_id == org_id, ExportJob.id.in_(ids["export"]))
+        )
+        labels.update({("export", str(eid)): (None, kind) for eid, kind in jobs.all()})
+    if any(event.target_type == "org" for event in events):
+        org_name = await session.scalar(select(Organization.name).where(Organization.id == org_id))
+        labels[("org", str(org_id))] = (org_name, None)
+    return labels
+
+
+def _item(event: AuditEvent, name: str | None, labels: _Labels) -> AuditItem:
     actor = None if event.actor_id is None else AuditActor(user_id=event.actor_id, name=name or "")
+    target_name, kind = labels.get((event.target_type, event.target_id), (None, None))
     return AuditItem(
         id=event.id,
         at=event.at,
         actor=actor,
         action=event.action,
-        target=AuditTarget(type=event.target_type, id=event.target_id),
+        target=AuditTarget(type=event.target_type, id=event.target_id, name=target_name, kind=kind),
         ip=None if event.ip is None else str(event.ip),
         details=event.details,
     )

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, exists, func, or_, select, text, update
+from sqlalchemy import ColumnElement, and_, bindparam, exists, func, or_, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import Interval
 
@@ -146,13 +146,47 @@ async def owned(
     return None if row is None else (row[0], row[1])
 
 
+Position = tuple[dt.datetime, uuid.UUID]
+"""Where a row stands in a list newest first: its (created_at, id)."""
+
+
+def _older_than(position: Position | None) -> list[ColumnElement[bool]]:
+    if position is None:
+        return []
+    return [tuple_(ExportJob.created_at, ExportJob.id) < tuple_(*position)]
+
+
+async def position_owned(
+    session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, export_id: uuid.UUID
+) -> Position | None:
+    """Where one of the user's (not deleted) exports stands in their list; None when it is not theirs."""
+    row = (
+        await session.execute(
+            select(ExportJob.created_at, ExportJob.id).where(ExportJob.id == export_id, *_owned(org_id, user_id))
+        )
+    ).first()
+    return None if row is None else (row[0], row[1])
+
+
+async def position_in_org(session: AsyncSession, org_id: uuid.UUID, export_id: uuid.UUID) -> Position | None:
+    """Where a (not deleted) export of the org stands in the org's list; None when it is no export of it."""
+    row = (
+        await session.execute(
+            select(ExportJob.created_at, ExportJob.id).where(
+                ExportJob.id == export_id, ExportJob.org_id == org_id, ExportJob.deleted_at.is_(None)
+            )
+        )
+    ).first()
+    return None if row is None else (row[0], row[1])
+
+
 async def newest_owned(
-    session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, limit: int
+    session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, limit: int, before: Position | None = None
 ) -> list[tuple[ExportJob, dt.datetime]]:
-    """The user's `limit` newest exports in the org, with the database's now."""
+    """The user's `limit` newest exports in the org (older than `before` when given), with the database's now."""
     rows = await session.execute(
         select(ExportJob, func.now())
-        .where(*_owned(org_id, user_id))
+        .where(*_owned(org_id, user_id), *_older_than(before))
         .order_by(ExportJob.created_at.desc(), ExportJob.id.desc())
         .limit(limit)
     )
@@ -160,14 +194,14 @@ async def newest_owned(
 
 
 async def newest_in_org(
-    session: AsyncSession, org_id: uuid.UUID, limit: int
+    session: AsyncSession, org_id: uuid.UUID, limit: int, before: Position | None = None
 ) -> list[tuple[ExportJob, str, dt.datetime]]:
-    """Every member's `limit` newest (not deleted) exports in the org, with the creator's name and the database's
-    now (the owners' and admins' view)."""
+    """Every member's `limit` newest (not deleted) exports in the org (older than `before` when given), with the
+    creator's name and the database's now (the owners' and admins' view)."""
     rows = await session.execute(
         select(ExportJob, User.name, func.now())
         .join(User, User.id == ExportJob.creator_id)
-        .where(ExportJob.org_id == org_id, ExportJob.deleted_at.is_(None))
+        .where(ExportJob.org_id == org_id, ExportJob.deleted_at.is_(None), *_older_than(before))
         .order_by(ExportJob.created_at.desc(), ExportJob.id.desc())
         .limit(limit)
     )

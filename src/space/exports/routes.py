@@ -13,7 +13,7 @@ from litestar import Controller, HttpMethod, Request, Response, delete, get, pos
 from litestar.datastructures import ResponseHeader, State
 from litestar.di import NamedDependency, Provide
 from litestar.openapi import ResponseSpec
-from litestar.params import FromPath, JSONBody, QueryParameter
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from saq import Queue
 
 from space.audit import service as audit
@@ -43,11 +43,10 @@ from space.exports.downloads import DownloadSlots, no_referrer_for_links, respon
 from space.exports.formats.archive import manifest_schema, snapshot_schema
 from space.exports.formats.registry import KINDS
 from space.exports.links import LinkGrant, LinkSigner
-from space.exports.schemas import Export, ExportCreate, Link, OrgExport
+from space.exports.schemas import Export, ExportCreate, ExportPage, Link, OrgExport
 from space.exports.storage.protocol import ResultStore
 from space.openapi import BEARER, LINK, Files, refusals
 from space.orgs.deps import MEMBER, MemberContext, parse_id
-from space.schemas import Items
 
 
 def provide_queue(state: State) -> Queue:
@@ -78,6 +77,10 @@ def provide_db(state: State) -> Database:
     """The app-role database (the download's audit row is written in a transaction of its own)."""
     db: Database = state.db
     return db
+
+
+ListLimit = Annotated[int, QueryParameter(ge=1, le=service.LIST_LIMIT)]
+"""How many exports one page of a list holds."""
 
 
 class ListScope(enum.StrEnum):
@@ -233,12 +236,15 @@ class ExportController(Controller):
         ctx: NamedDependency[MemberContext],
         # `scope` is a name Litestar reserves for the ASGI scope, hence the alias.
         list_scope: Annotated[ListScope, QueryParameter(name="scope")] = ListScope.own,
-    ) -> Items[Export] | Items[OrgExport]:
+        before: FromQuery[str | None] = None,
+        limit: ListLimit = service.LIST_LIMIT,
+    ) -> ExportPage[Export] | ExportPage[OrgExport]:
         """The caller's exports in this org, newest first; `scope=org`: every member's, with creators (owners and
-        admins)."""
+        admins). A page of `limit`; `next` is the cursor of the older page (pass it as `before`), null at the end."""
+        session = ctx.uow.session
         if list_scope is ListScope.org:
-            return Items(items=await service.list_org_exports(ctx.uow.session, ctx.org, ctx.membership))
-        return Items(items=await service.list_exports(ctx.uow.session, ctx.org, ctx.membership))
+            return await service.list_org_exports(session, ctx.org, ctx.membership, before=before, limit=limit)
+        return await service.list_exports(session, ctx.org, ctx.membership, before=before, limit=limit)
 
     @get("/{export_id:str}")
     async def get_one(self, ctx: NamedDependency[MemberContext], export_id: FromPath[str]) -> Export:

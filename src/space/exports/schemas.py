@@ -6,7 +6,7 @@ import datetime as dt
 import functools
 import operator
 import uuid
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar
 
 from space.exports.formats.base import ExportRequest
 from space.exports.formats.registry import KINDS, ExportKind
@@ -64,3 +64,14 @@ class OrgExport(Export):
     """An export in the org-wide list of owners and admins: metadata and its creator, never its content."""
 
     creator: ExportCreator
+
+
+E = TypeVar("E", bound=Export)
+
+
+class ExportPage(Output, Generic[E], omit_defaults=True):
+    """A page of an export list, newest first; `next` is the cursor of the older page (pass it as `before`), absent
+    at the list's end (so a list that fits one page answers `{"items": [...]}` as it always did)."""
+
+    items: list[E]
+    next: str | None = None

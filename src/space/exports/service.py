@@ -28,6 +28,7 @@ from space.errors import (
     ExportQuotaExceeded,
     ExportRevoked,
     Forbidden,
+    InvalidRequest,
     LinkInvalid,
     LinkRateLimited,
     NotFound,
@@ -39,10 +40,11 @@ from space.exports.formats.registry import KINDS, ExportKind, kind_of
 from space.exports.links import LinkGrant, LinkSigner
 from space.exports.models import FAILED_STATES, ExportJob, ExportScope, ExportState
 from space.exports.queue import enqueue_quietly
-from space.exports.schemas import Export, ExportCreate, ExportCreator, Link, OrgExport
+from space.exports.schemas import Export, ExportCreate, ExportCreator, ExportPage, Link, OrgExport
 from space.exports.storage.protocol import Redirecting, ResultKey, ResultMissing, ResultStore
 from space.orgs import service as orgs
 from space.orgs.models import Membership, Organization, OrgState, Role
+from space.pagination import decode_cursor, encode_cursor
 
 DownloadVia = Literal["bearer", "link"]
 """How a download's caller authenticated."""
@@ -52,7 +54,7 @@ NOT_READY_RETRY_AFTER = 5
 RATE_LIMIT_RETRY_AFTER = 30
 """Seconds to wait when the rate limit is held by exports still running (their end can't be predicted)."""
 LIST_LIMIT = 200
-"""The newest exports a list shows."""
+"""The most exports one page of a list shows (and how many when the caller names no `limit`)."""
 CANCELLED = "cancelled"
 CANCELLED_BY_ADMIN = "cancelled_by_admin"
 ACCESS_REVOKED = "access_revoked"
@@ -205,11 +207,44 @@ async def _within_quota(session: AsyncSession, org_id: uuid.UUID, quota: int) ->
         )
 
 
-async def list_exports(session: AsyncSession, org: Organization, membership: Membership | None) -> list[Export]:
-    """The member's exports in this org, newest first."""
+async def list_exports(
+    session: AsyncSession,
+    org: Organization,
+    membership: Membership | None,
+    *,
+    before: str | None = None,
+    limit: int = LIST_LIMIT,
+) -> ExportPage[Export]:
+    """A page of the member's exports in this org, newest first, older than the cursor `before` when given."""
     member = _member(membership)
-    rows = await ledger.newest_owned(session, org.id, member.user_id, LIST_LIMIT)
-    return [export_out(job, can_download=_downloadable(org, member, job, now)) for job, now in rows]
+    position = None
+    if before is not None:
+        position = await ledger.position_owned(session, org.id, member.user_id, _cursor_row(before))
+        if position is None:
+            raise _not_a_cursor()
+    # One more than asked: whether an older page exists, without counting.
+    rows = await ledger.newest_owned(session, org.id, member.user_id, limit + 1, position)
+    items = [export_out(job, can_download=_downloadable(org, member, job, now)) for job, now in rows[:limit]]
+    return ExportPage(items=items, next=_next(rows, limit))
+
+
+_CURSOR_VERSION = 1
+
+
+def _cursor_row(before: str) -> uuid.UUID:
+    row_id = decode_cursor(before, _CURSOR_VERSION)
+    if row_id is None:
+        raise _not_a_cursor()
+    return row_id
+
+
+def _not_a_cursor() -> InvalidRequest:
+    return InvalidRequest("before: not a cursor of this list.", errors=[{"key": "before"}])
+
+
+def _next(rows: list[Any], limit: int) -> str | None:
+    # A cursor names the page's last row by id, one the caller already sees (found again in the caller's own list).
+    return encode_cursor(rows[limit - 1][0].id, _CURSOR_VERSION) if len(rows) > limit else None
 
 
 async def _get_owned(
@@ -230,19 +265,33 @@ async def get_export(
     return export_out(job, can_download=_downloadable(org, member, job, now))
 
 
-async def list_org_exports(session: AsyncSession, org: Organization, membership: Membership | None) -> list[OrgExport]:
-    """Every member's exports in this org, newest first, with their creators (owners and admins; metadata only)."""
+async def list_org_exports(
+    session: AsyncSession,
+    org: Organization,
+    membership: Membership | None,
+    *,
+    before: str | None = None,
+    limit: int = LIST_LIMIT,
+) -> ExportPage[OrgExport]:
+    """A page of every member's exports in this org, newest first, with their creators (owners and admins;
+    metadata only)."""
     member = _member(membership)
     orgs.ensure_role(Role(member.role), orgs.MANAGERS)
-    rows = await ledger.newest_in_org(session, org.id, LIST_LIMIT)
-    return [
+    position = None
+    if before is not None:
+        position = await ledger.position_in_org(session, org.id, _cursor_row(before))
+        if position is None:
+            raise _not_a_cursor()
+    rows = await ledger.newest_in_org(session, org.id, limit + 1, position)
+    items = [
         OrgExport(
             # Only an export's creator ever downloads it, whatever the caller's role.
             **_fields(job, job.creator_id == member.user_id and _downloadable(org, member, job, now)),
             creator=ExportCreator(user_id=job.creator_id, name=name),
         )
-        for job, name, now in rows
+        for job, name, now in rows[:limit]
     ]
+    return ExportPage(items=items, next=_next(rows, limit))
 
 
 async def delete_export(

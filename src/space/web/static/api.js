@@ -58,13 +58,20 @@ export async function call(method, path, body) {
   return { body: data, status: response.status, retryAfter };
 }
 
+function page(limit, before) {
+  return `limit=${limit}${before ? `&before=${encodeURIComponent(before)}` : ""}`;
+}
+
 export const api = {
   me: () => call("GET", "/me"),
   orgs: () => call("GET", "/orgs"),
+  createOrg: (name) => call("POST", "/orgs", { name }),
   org: (orgId) => call("GET", `/orgs/${orgId}`),
   members: (orgId) => call("GET", `/orgs/${orgId}/members`),
-  exports: (orgId) => call("GET", `/orgs/${orgId}/exports`),
-  orgExports: (orgId) => call("GET", `/orgs/${orgId}/exports?scope=org`),
+  webhooks: (orgId) => call("GET", `/orgs/${orgId}/webhooks`),
+  exports: (orgId, limit, before) => call("GET", `/orgs/${orgId}/exports?${page(limit, before)}`),
+  orgExports: (orgId, limit, before) => call("GET", `/orgs/${orgId}/exports?scope=org&${page(limit, before)}`),
+  export: (orgId, exportId) => call("GET", `/orgs/${orgId}/exports/${encodeURIComponent(exportId)}`),
   createExport: (orgId, request) => call("POST", `/orgs/${orgId}/exports`, request),
   deleteExport: (orgId, exportId) => call("DELETE", `/orgs/${orgId}/exports/${exportId}`),
   link: (orgId, exportId) => call("POST", `/orgs/${orgId}/exports/${exportId}/links`),

@@ -16,7 +16,8 @@ export const STATES = {
   revoked: "Removed by an administrator",
 };
 
-// Why an export ended without a result (its errorCode).
+// Why an export ended without a result (its errorCode), told to the export's creator. `cancelled` and the row
+// limits depend on who reads and on the kind: see reason().
 const EXPORT_REASONS = {
   cancelled: "You cancelled this export.",
   cancelled_by_admin: "An owner or administrator of the organization cancelled this export.",
@@ -61,8 +62,42 @@ const PROBLEMS = {
   internal_error: "Something went wrong on the server.",
 };
 
-export function reason(errorCode) {
+// An archive and a snapshot have no filters to narrow: each says which limit it met and who can raise it.
+const LIMIT_REASONS = {
+  too_many_rows: {
+    archive:
+      "One of the archive's files has more rows than an archive may hold. The operator can raise SPACE_ARCHIVE_ROW_LIMIT, then request it again; a snapshot also counts as the final export before a deletion.",
+    snapshot:
+      "The organization has more projects and tasks than one snapshot may hold. The operator can raise SPACE_EXPORT_ROW_LIMIT; the complete archive has limits of its own.",
+  },
+  too_large: {
+    archive:
+      "The archive would be larger than an archive may be. The operator can raise SPACE_ARCHIVE_BYTE_LIMIT, then request it again.",
+    snapshot:
+      "The snapshot would be larger than one export may be. The operator can raise SPACE_EXPORT_BYTE_LIMIT; the complete archive has limits of its own.",
+  },
+  timeout: {
+    archive: "Reading the data took too long. The operator can raise SPACE_ARCHIVE_TIMEOUT_SECONDS; request it again.",
+    snapshot: "Reading the data took too long. Request it again.",
+  },
+};
+
+/**
+ * Why an export ended, in words for the person reading: `kind` chooses words that fit the export (an archive has
+ * no filters), `viewer` is who reads (null: its creator) so that a cancellation reads "You cancelled" only to the
+ * one who did.
+ */
+export function reason(errorCode, kind = "tickets_csv", viewer = null) {
   if (!errorCode) return "";
+  if (errorCode === "cancelled" && viewer && !viewer.isCreator) return `${viewer.creatorName} cancelled this export.`;
+  if (errorCode === "cancelled_by_admin" && viewer && !viewer.isCreator) {
+    return "An owner or administrator of the organization cancelled this export.";
+  }
+  if (errorCode === "access_revoked" && viewer && !viewer.isCreator) {
+    return `${viewer.creatorName}'s role changed, so this export was stopped.`;
+  }
+  const byKind = LIMIT_REASONS[errorCode];
+  if (byKind && byKind[kind]) return byKind[kind];
   return EXPORT_REASONS[errorCode] || `The export stopped (${errorCode}).`;
 }
 
@@ -74,7 +109,7 @@ export function problem(error) {
     const seconds = Math.ceil(error.retryAfter ?? 60);
     text = `You have asked for several exports just now. You can ask again in ${duration(seconds)} (at ${clock(Date.now() + seconds * 1000)}).`;
   } else if (error.code === "export_failed" && error.body && error.body.errorCode) {
-    text = `${PROBLEMS.export_failed} ${reason(error.body.errorCode)}`;
+    text = `${PROBLEMS.export_failed} ${reason(error.body.errorCode, error.body.kind)}`;
   } else if (error.code === "invalid_request") {
     text = `${PROBLEMS.invalid_request}: ${error.message}`;
   } else if (!text) {
@@ -93,19 +128,26 @@ export function when(iso) {
   });
 }
 
-function clock(ms) {
-  return new Date(ms).toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+/** The viewer's time of day with its zone named ("14:05:09 UTC"): a time alone says nothing to another zone. */
+export function clock(ms) {
+  return new Date(ms).toLocaleTimeString(undefined, {
+    hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short",
+  });
 }
 
-/** "2 h 5 min", "45 s". */
+/**
+ * "2 h 5 min", "45 s", "7 days": to the nearest unit, never rounded down past a whole one ("in 7 days" stays
+ * until it is nearer to 6 days).
+ */
 export function duration(seconds) {
   const s = Math.max(0, Math.round(seconds));
   if (s < 60) return `${s} s`;
-  const m = Math.floor(s / 60);
+  const m = Math.round(s / 60);
   if (m < 60) return `${m} min`;
   const h = Math.floor(m / 60);
-  if (h < 48) return m % 60 ? `${h} h ${m % 60} min` : `${h} h`;
-  return `${Math.floor(h / 24)} days`;
+  if (m < 48 * 60) return m % 60 ? `${h} h ${m % 60} min` : `${h} h`;
+  const days = Math.round(s / 86400);
+  return `${days} days`;
 }
 
 export function size(bytes) {
@@ -137,3 +179,15 @@ export function filters(f) {
 }
 
 export const ROLES = { owner: "Owner", admin: "Administrator", member: "Member", customer: "Customer" };
+
+/** "an owner", "a customer": a role inside a sentence. */
+export const ROLE_IN_SENTENCE = { owner: "an owner", admin: "an administrator", member: "a member", customer: "a customer" };
+
+export const DELIMITERS = { ",": "commas (,)", ";": "semicolons (;)" };
+
+/** What separates the CSV's columns, for the kinds that write one. */
+export function delimiter(x) {
+  if (x.kind === "tickets_csv") return `Columns separated by ${DELIMITERS[x.delimiter] || x.delimiter}`;
+  if (x.kind === "archive") return `tickets.csv columns separated by ${DELIMITERS[x.delimiter || ","]}`;
+  return "";
+}
