@@ -45,11 +45,15 @@ MAX_EXAMPLES = 3
 """Fuzzed examples per operation and phase (the coverage phase adds its own edge cases on top)."""
 
 REFUSED_BY_RULE = {
-    "/orgs/{org_id}/deletion": "POST: `confirm` must be the org's name (SPEC §3), which no schema can say",
-    "/orgs/{org_id}/webhooks": "POST: `url` must be https, or http to a public host, once resolved (SPEC §12)",
-    "/orgs/{org_id}/audit": "GET: `before` is an opaque cursor that only this org's trail made (SPEC §12)",
-    "/me/notifications": "GET: `before` is an opaque cursor that only the caller's own list made (SPEC §19)",
-    "/me/preferences": "PUT: `email` keys are the event types known to this installation (SPEC §19: unknown types 400)",
+    ("POST", "/orgs/{org_id}/deletion"): "`confirm` must be the org's name (SPEC §3), which no schema can say",
+    ("POST", "/orgs/{org_id}/webhooks"): "`url` must be https, or http to a public host, once resolved (SPEC §12)",
+    ("GET", "/orgs/{org_id}/audit"): "`before` is an opaque cursor that only this org's trail made (SPEC §12)",
+    ("GET", "/orgs/{org_id}/exports"): "`before` is an opaque cursor that only this org's export list made (SPEC §27)",
+    ("GET", "/me/notifications"): "`before` is an opaque cursor that only the caller's own list made (SPEC §19)",
+    (
+        "PUT",
+        "/me/preferences",
+    ): "`email` keys are the event types known to this installation (SPEC §19: unknown is 400)",
 }
 """Operations where a request the document admits may still be 400: schemathesis' positive-data check expects
 those to succeed, so for these (and only these) a 400 `invalid_request` is also an expected answer."""
@@ -116,10 +120,11 @@ def loaded(settings: Settings, seeded: dict[str, Any]) -> Iterator[Any]:
             "operations": [
                 *(
                     {
+                        "include-method": method,
                         "include-path": path,
                         "checks": {"positive_data_acceptance": {"expected-statuses": [*POSITIVE, 400]}},
                     }
-                    for path in REFUSED_BY_RULE
+                    for method, path in REFUSED_BY_RULE
                 ),
                 *(
                     {"include-method": method, "include-path": path, "checks": {check: {"enabled": False}}}
