@@ -18,6 +18,7 @@ from space.audit import service as audit
 from space.audit.models import AuditAction
 from space.auth.service import Principal
 from space.config import Settings
+from space.cursors import decode_cursor, encode_cursor
 from space.db import UnitOfWork
 from space.db.locks import lock_user
 from space.errors import (
@@ -44,7 +45,6 @@ from space.exports.schemas import Export, ExportCreate, ExportCreator, ExportPag
 from space.exports.storage.protocol import Redirecting, ResultKey, ResultMissing, ResultStore
 from space.orgs import service as orgs
 from space.orgs.models import Membership, Organization, OrgState, Role
-from space.pagination import decode_cursor, encode_cursor
 
 DownloadVia = Literal["bearer", "link"]
 """How a download's caller authenticated."""
