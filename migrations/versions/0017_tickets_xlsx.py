@@ -8,8 +8,9 @@
   what a CSV record does. The assignee cell is looked up per export, as the CSV's is.
 
 Cells carry no `r` reference (ECMA-376 makes it optional; readers place a cell after the one before it): the
-row's text does not depend on where the row lands in the sheet, so it can be stored. Text is an inline string
-exactly as the ticket has it, written in XML 1.0 (docs/decisions 0084):
+row's text does not depend on where the row lands in the sheet, so it can be stored. Status and priority are
+entries of the workbook's shared strings (a fixed table the writer puts in every workbook); other text is an inline
+string exactly as the ticket has it, written in XML 1.0 (docs/decisions 0084):
 - `&`, `<`, `>` as entities; CR as `&#13;` (a literal CR would be read back as LF);
 - characters XML 1.0 cannot carry (C0 controls other than TAB, LF and CR; U+FFFE, U+FFFF) as `_xHHHH_`, Excel's
   own escape (ECMA-376 ST_Xstring), and the `_` of a literal `_xHHHH_` in the text as `_x005F_`, so Excel reads
@@ -60,10 +61,24 @@ END $$;
 COMMENT ON FUNCTION space_xlsx_text(text) IS
   'Text as XML 1.0 content of an OOXML string: entities for & < > CR, _xHHHH_ for what XML cannot carry.';
 
+-- xml:space="preserve" only where a reader would otherwise trim: text that starts or ends with white space.
 CREATE FUNCTION space_xlsx_cell(v text) RETURNS text
   LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-  RETURN '<c t="inlineStr"><is><t xml:space="preserve">' || space_xlsx_text(v) || '</t></is></c>';
+  RETURN '<c t="inlineStr"><is><t' || CASE WHEN v ~ '^[ \t\n\r]|[ \t\n\r]$' THEN ' xml:space="preserve">' ELSE '>' END
+    || space_xlsx_text(v) || '</t></is></c>';
 COMMENT ON FUNCTION space_xlsx_cell(text) IS 'One inline-string cell holding the text exactly.';
+
+-- Status and priority name entries of the workbook's shared strings (their order is the writer's,
+-- formats/tickets_xlsx.py SHARED_STRINGS: the header's seven names, then these); anything else is written inline.
+CREATE FUNCTION space_xlsx_word(v text) RETURNS text
+  LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+  RETURN CASE v
+    WHEN 'open' THEN '<c t="s"><v>7</v></c>' WHEN 'pending' THEN '<c t="s"><v>8</v></c>'
+    WHEN 'solved' THEN '<c t="s"><v>9</v></c>' WHEN 'closed' THEN '<c t="s"><v>10</v></c>'
+    WHEN 'low' THEN '<c t="s"><v>11</v></c>' WHEN 'normal' THEN '<c t="s"><v>12</v></c>'
+    WHEN 'high' THEN '<c t="s"><v>13</v></c>' WHEN 'urgent' THEN '<c t="s"><v>14</v></c>'
+    ELSE space_xlsx_cell(v) END;
+COMMENT ON FUNCTION space_xlsx_word(text) IS 'A status or priority cell: its shared string, else the text inline.';
 
 CREATE FUNCTION space_xlsx_serial(v timestamptz) RETURNS text
   LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
@@ -74,11 +89,11 @@ COMMENT ON FUNCTION space_xlsx_serial(timestamptz) IS
 CREATE FUNCTION space_xlsx_head(num integer, title text, status text, priority text) RETURNS text
   LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$ BEGIN
-  RETURN '<row><c><v>' || num::text || '</v></c>' || public.space_xlsx_cell(title) || public.space_xlsx_cell(status)
-    || public.space_xlsx_cell(priority);
+  RETURN '<row><c><v>' || num::text || '</v></c>' || public.space_xlsx_cell(title) || public.space_xlsx_word(status)
+    || public.space_xlsx_word(priority);
 END $$;
 COMMENT ON FUNCTION space_xlsx_head(integer, text, text, text) IS
-  'A worksheet row up to the assignee cell: number (a number), title, status, priority (text).';
+  'A worksheet row up to the assignee cell: number (a number), title (inline), status, priority (shared).';
 
 CREATE FUNCTION space_xlsx_tail(created timestamptz, updated timestamptz) RETURNS text
   LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -112,7 +127,7 @@ def downgrade() -> None:
     op.execute(
         "ALTER TABLE tickets DROP COLUMN xlsx_tail, DROP COLUMN xlsx_head;"
         " DROP FUNCTION space_xlsx_tail(timestamptz, timestamptz), space_xlsx_head(integer, text, text, text),"
-        " space_xlsx_serial(timestamptz), space_xlsx_cell(text), space_xlsx_text(text);"
+        " space_xlsx_serial(timestamptz), space_xlsx_word(text), space_xlsx_cell(text), space_xlsx_text(text);"
         " ALTER TABLE export_jobs DROP CONSTRAINT export_jobs_kind_check,"
         f" ADD CONSTRAINT export_jobs_kind_check CHECK (kind IN ({KINDS_BEFORE}))"
     )

@@ -11,8 +11,8 @@ deflated as its batches arrive. Deflating runs in a thread (zlib lets go of the 
 being read on the snapshot's backend, so the two share the machine's cores instead of taking turns. Memory is
 one batch in flight and one being compressed. See docs/decisions 0084.
 
-Cells: `number` a number; every text an inline string exactly as the ticket has it (never a formula, never a
-guard prefix); `createdAt`/`updatedAt` serial numbers in UTC with the date-time format of style 1. The header row
+Cells: `number` a number; every text exactly as the ticket has it (never a formula, never a guard prefix): the
+header's names and the statuses and priorities from a fixed table of shared strings, titles and names inline; `createdAt`/`updatedAt` serial numbers in UTC with the date-time format of style 1. The header row
 is frozen and filtered.
 """
 
@@ -58,6 +58,9 @@ _PKG_REL = "http://schemas.openxmlformats.org/package/2006/relationships"
 _XML = '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
 _WIDTHS = (10, 60, 12, 12, 28, 24, 24)
 """Column widths, in characters of the default font."""
+SHARED_STRINGS = (*CSV_HEADER, "open", "pending", "solved", "closed", "low", "normal", "high", "urgent")
+"""The workbook's shared strings: the header's names, then every status and priority, at the indexes the stored
+rows name (migration 0017, space_xlsx_word)."""
 _DATE_FORMAT = "yyyy-mm-dd hh:mm:ss.000"
 """Style 1 (the stored date cells name it): a date-time to the millisecond, Excel's own precision."""
 
@@ -184,13 +187,14 @@ class TicketsXlsx(TicketsCsv):
             ("xl/workbook.xml", _WORKBOOK.format(last=self.rows + 1)),
             ("xl/_rels/workbook.xml.rels", _WORKBOOK_RELS),
             ("xl/styles.xml", _STYLES),
+            ("xl/sharedStrings.xml", _SHARED),
         ]
 
     def _sheet_start(self) -> bytes:
         cols = "".join(
             f'<col min="{i}" max="{i}" width="{w}" customWidth="1"/>' for i, w in enumerate(_WIDTHS, start=1)
         )
-        head = "".join(f'<c t="inlineStr" s="2"><is><t>{escape(h)}</t></is></c>' for h in CSV_HEADER)
+        head = "".join(f'<c t="s" s="2"><v>{i}</v></c>' for i in range(len(CSV_HEADER)))
         return (
             f'{_XML}<worksheet xmlns="{_MAIN}" xmlns:r="{_REL}"><dimension ref="A1:G{self.rows + 1}"/>'
             '<sheetViews><sheetView tabSelected="1" workbookViewId="0">'
@@ -250,6 +254,8 @@ _CONTENT_TYPES = (
     ' ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.worksheet+xml"/>'
     '<Override PartName="/xl/styles.xml"'
     ' ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.styles+xml"/>'
+    '<Override PartName="/xl/sharedStrings.xml"'
+    ' ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.sharedStrings+xml"/>'
     '<Override PartName="/docProps/core.xml" ContentType="application/vnd.openxmlformats-package.core-properties+xml"/>'
     "</Types>"
 )
@@ -279,7 +285,13 @@ _WORKBOOK_RELS = (
     f'{_XML}<Relationships xmlns="{_PKG_REL}">'
     f'<Relationship Id="rId1" Type="{_REL}/worksheet" Target="worksheets/sheet1.xml"/>'
     f'<Relationship Id="rId2" Type="{_REL}/styles" Target="styles.xml"/>'
+    f'<Relationship Id="rId3" Type="{_REL}/sharedStrings" Target="sharedStrings.xml"/>'
     "</Relationships>"
+)
+_SHARED = (
+    f'{_XML}<sst xmlns="{_MAIN}" count="{len(SHARED_STRINGS)}" uniqueCount="{len(SHARED_STRINGS)}">'
+    + "".join(f"<si><t>{escape(word)}</t></si>" for word in SHARED_STRINGS)
+    + "</sst>"
 )
 # Cell styles: 0 plain, 1 date-time (the stored date cells name s="1"), 2 bold (the header).
 _STYLES = (
