@@ -908,7 +908,11 @@ async def run(
         started = time.perf_counter()
         orgs: dict[str, Org] = {}
         if phases == {"xlsx"}:
-            log(f"seeding {small_tickets} tickets and {tickets} tickets ...")
+            log(
+                f"seeding {small_tickets} and {tickets} tickets ..."
+                if tickets != small_tickets
+                else f"seeding {tickets} tickets ..."
+            )
             sizes = {"Bench100k": (small_tickets, 0)} | ({"Bench1M": (tickets, 0)} if tickets != small_tickets else {})
             orgs = await seed(url, sizes)
         elif phases - {"wide"}:
