@@ -22,7 +22,9 @@ from space.exports.failures import ExportFailure
 from space.exports.formats.tickets_xlsx import MEDIA_TYPE, SHEET, SHEET_ROWS, check_sheet_rows
 from space.exports.pipeline import run_export
 from tests.exports.fixtures import (
+    Gate,
     add_tickets,
+    background,
     chunk_count,
     completed_export,
     create_export,
@@ -220,3 +222,34 @@ async def test_the_request_takes_filters_only(api: Api) -> None:
         "POST", org.path("/exports"), org.member, json={"kind": "tickets_xlsx", "filters": {"q": "x" * 201}}
     )
     assert_problem(r, 400, "invalid_request")
+
+
+async def test_wide_rows_in_many_batches_read_back_whole(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org()
+    # 2,000-byte titles: batches far above the size deflated in the event loop, so the thread deflates them.
+    titles = [chr(0x1F300 + i) * 500 for i in range(300)]
+    await add_tickets(db, org.id, org.member, titles)
+    small = tuned(settings, export_batch_bytes=256 * 1024)
+    export = await create_export(api, org, org.member, {"kind": "tickets_xlsx"})
+    assert await run_export(runner(small, db), uid(export["id"]), uid(org.id)) == "completed"
+    r = await download(api, org, org.member, export["id"])
+    assert [row[1] for row in _sheet(r.content).iter_rows(min_row=2, values_only=True)] == titles
+
+
+async def test_a_workbook_cancelled_midway_stores_nothing(api: Api, db: Database, settings: Settings) -> None:
+    org = await api.org()
+    await add_tickets(db, org.id, org.member, [f"t{i}" for i in range(5)])
+    export = await create_export(api, org, org.member, {"kind": "tickets_xlsx"})
+    gate = Gate({"batch"})
+    run = run_export(runner(tuned(settings, export_batch_rows=1), db), uid(export["id"]), uid(org.id), gate=gate)
+    async with background(run, gate) as worker:
+        await gate.reached("batch")
+        r = await api.call("DELETE", org.path(f"/exports/{export['id']}"), org.member)
+        assert r.status_code == 204, r.text
+        gate.open_all()
+        assert await worker == "lease_lost"
+    assert (await job_row(db, org.id, export["id"])).state == "cancelled"
+    assert await chunk_count(db, org.id, export["id"]) == 0
+    # The next workbook of the org is whole.
+    again = await _workbook(api, db, settings, org, {"kind": "tickets_xlsx"})
+    assert len(list(_sheet(again).iter_rows(min_row=2))) == 5

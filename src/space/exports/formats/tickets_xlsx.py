@@ -145,6 +145,7 @@ class TicketsXlsx(TicketsCsv):
             book.writestr(name, part)
         sheet = book.open(SHEET, "w")
         closed = False
+        deflating: asyncio.Future[None] | None = None
         try:
             start = self._sheet_start()
             end = self._sheet_end()
@@ -160,7 +161,8 @@ class TicketsXlsx(TicketsCsv):
                     if len(batch.data) < _INLINE_BYTES:
                         sheet.write(batch.data)
                     else:
-                        await asyncio.to_thread(sheet.write, batch.data)
+                        deflating = asyncio.ensure_future(asyncio.to_thread(_write, sheet, batch.data))
+                        await asyncio.shield(deflating)
                     yield Batch(rows=batch.rows, last=batch.last, data=sink.take())
             sheet.write(end)
             sheet.close()
@@ -169,7 +171,10 @@ class TicketsXlsx(TicketsCsv):
             yield Batch(rows=0, last=None, data=sink.take())
         finally:
             if not closed:
-                # Stopped midway: end the ZIP into the sink (dropped) so nothing is left half open.
+                # Stopped midway: a thread still deflating finishes first (it can't be stopped, and the ZIP's
+                # writer is not shared between threads); then the ZIP ends into the sink, which is dropped.
+                if deflating is not None and not deflating.done():
+                    await asyncio.wait([deflating])
                 with contextlib.suppress(Exception):
                     sheet.close()
                     book.close()
@@ -205,6 +210,10 @@ class TicketsXlsx(TicketsCsv):
 
     def _sheet_end(self) -> bytes:
         return f'</sheetData><autoFilter ref="A1:G{self.rows + 1}"/></worksheet>'.encode()
+
+
+def _write(sheet: IO[bytes], data: bytes | bytearray | memoryview) -> None:
+    sheet.write(data)
 
 
 async def _read_ahead(source: AsyncIterator[Batch]) -> AsyncGenerator[Batch]:
