@@ -9,6 +9,7 @@ import io
 import re
 import xml.etree.ElementTree as ET
 import zipfile
+from decimal import Decimal
 from typing import Any
 
 import openpyxl
@@ -19,7 +20,7 @@ from openpyxl.worksheet.worksheet import Worksheet
 from space.config import Settings
 from space.db import Database
 from space.exports.failures import ExportFailure
-from space.exports.formats.tickets_xlsx import MEDIA_TYPE, SHEET, SHEET_ROWS, check_sheet_rows
+from space.exports.formats.tickets_xlsx import MEDIA_TYPE, SHARED_STRINGS, SHEET, SHEET_ROWS, check_sheet_rows
 from space.exports.pipeline import run_export
 from tests.exports.fixtures import (
     Gate,
@@ -253,3 +254,27 @@ async def test_a_workbook_cancelled_midway_stores_nothing(api: Api, db: Database
     # The next workbook of the org is whole.
     again = await _workbook(api, db, settings, org, {"kind": "tickets_xlsx"})
     assert len(list(_sheet(again).iter_rows(min_row=2))) == 5
+
+
+def _serial(moment: dt.datetime) -> str:
+    """Excel's serial number of a UTC moment: days since 1899-12-30, twelve decimals, computed exactly."""
+    micros = (moment - dt.datetime(1899, 12, 30)) // dt.timedelta(microseconds=1)
+    return str((Decimal(micros) / Decimal(86_400_000_000)).quantize(Decimal("1e-12")))
+
+
+def test_stored_rows_name_the_writers_shared_strings_and_need_no_search_path(owner: psycopg.Connection[Any]) -> None:
+    # What pg_restore does when it recomputes the generated columns: an empty search_path.
+    owner.execute("SET search_path = ''")
+    for word in SHARED_STRINGS[len(HEADER) :]:
+        row = owner.execute("SELECT public.space_xlsx_word(%s)", (word,)).fetchone()
+        assert row == (f'<c t="s"><v>{SHARED_STRINGS.index(word)}</v></c>',), word
+    row = owner.execute(
+        "SELECT public.space_xlsx_head(7, ' =1+1 & <b>', 'open', 'maybe'),"
+        " public.space_xlsx_tail('1899-12-31 12:00:00+00', '2026-01-02 03:04:05.123456+00')"
+    ).fetchone()
+    assert row == (
+        '<row><c><v>7</v></c><c t="inlineStr"><is><t xml:space="preserve"> =1+1 &amp; &lt;b&gt;</t></is></c>'
+        '<c t="s"><v>7</v></c><c t="inlineStr"><is><t>maybe</t></is></c>',
+        '<c s="1"><v>1.500000000000</v></c>'
+        f'<c s="1"><v>{_serial(dt.datetime(2026, 1, 2, 3, 4, 5, 123456))}</v></c></row>',
+    )
