@@ -33,13 +33,6 @@ class Ticket(Base):
     csv_tail: Mapped[str] = mapped_column(
         Computed("space_csv_tail(created_at, updated_at)", persisted=True), deferred=True
     )
-    # The workbook export's row, kept the same way (migration 0017).
-    xlsx_head: Mapped[str] = mapped_column(
-        Computed("space_xlsx_head(number, title, status, priority)", persisted=True), deferred=True
-    )
-    xlsx_tail: Mapped[str] = mapped_column(
-        Computed("space_xlsx_tail(created_at, updated_at)", persisted=True), deferred=True
-    )
 
 
 class TicketCounter(Base):
