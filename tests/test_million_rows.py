@@ -177,7 +177,8 @@ async def test_a_million_row_archive_keeps_the_worker_memory_flat(million: Milli
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to read peak memory")
 async def test_a_million_row_workbook_keeps_the_worker_memory_flat(million: Million, tmp_path: Path) -> None:
     url, small, big = million.url, million.small, million.big
-    worker = await spawn_worker(url)
+    # The million and the search's four tickets pass the default row limit by four.
+    worker = await spawn_worker(url, SPACE_EXPORT_ROW_LIMIT=str(million.tickets))
     try:
         async with AsyncTestClient(app=create_app(load_settings({}, database_url=url))) as client:
             orgs = {o["name"]: o["id"] for o in (await client.get("/orgs", headers=_owner(big))).json()["items"]}
