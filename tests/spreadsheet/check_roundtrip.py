@@ -9,10 +9,15 @@ one assignee's display name is a payload too. The CSV comes from the real worker
 route. LibreOffice imports it with formula evaluation on and quoted fields not forced to text (the most
 trusting settings), saves it as ODS and XLSX, re-saves each as the other, exports CSV from both and imports
 that again: no cell of any of those files is a formula, and each title cell still shows its payload.
+
+The workbook (SPEC §20): a `tickets_xlsx` export of the same payloads, opened by LibreOffice (saved as ODS), holds
+the same values as the CSV export of the same filters: no formula cell, each title the ticket's own text (the
+CSV's without its guard), numbers as numbers, dates as dates.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import shutil
 import subprocess
 import uuid
@@ -68,6 +73,7 @@ def payloads() -> list[str]:
 SOFFICE = shutil.which("soffice") or shutil.which("libreoffice")
 TABLE = "urn:oasis:names:tc:opendocument:xmlns:table:1.0"
 TEXT = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
+OFFICE = "urn:oasis:names:tc:opendocument:xmlns:office:1.0"
 XLSX = "http://schemas.openxmlformats.org/spreadsheetml/2006/main"
 
 
@@ -119,6 +125,31 @@ def ods_cells(path: Path) -> list[tuple[list[str], bool]]:
             repeat = int(cell.get(f"{{{TABLE}}}number-columns-repeated", "1"))
             texts += ["\n".join(paragraphs)] * min(repeat, 20)
         rows.append((texts, formula))
+    return rows
+
+
+def ods_typed(path: Path) -> list[list[tuple[str, str]]]:
+    """Rows of the first sheet of an ODS, each cell as (its value type, its value): a float's or a date's value
+    attribute, else the cell's text (value type "" for an empty cell)."""
+    with zipfile.ZipFile(path) as z:
+        root = ElementTree.fromstring(z.read("content.xml"))
+    table = root.find(f".//{{{TABLE}}}table")
+    assert table is not None
+    rows = []
+    for row in table.iter(f"{{{TABLE}}}table-row"):
+        cells: list[tuple[str, str]] = []
+        for cell in row.iter(f"{{{TABLE}}}table-cell"):
+            kind = cell.get(f"{{{OFFICE}}}value-type", "")
+            if kind == "float":
+                value = cell.get(f"{{{OFFICE}}}value", "")
+            elif kind == "date":
+                value = cell.get(f"{{{OFFICE}}}date-value", "")
+            else:
+                value = "\n".join(_text(p) for p in cell.iter(f"{{{TEXT}}}p"))
+            repeat = int(cell.get(f"{{{TABLE}}}number-columns-repeated", "1"))
+            cells += [(kind, value)] * min(repeat, 20)
+        if any(kind for kind, _ in cells):
+            rows.append(cells)
     return rows
 
 
@@ -244,3 +275,47 @@ def test_payload_list_matches_the_guard() -> None:
         stripped = p.lstrip("".join(BLANKS))
         assert p[0] in "\t\r\n" or stripped[:1] in SIGNS, repr(p)
     assert len(payloads()) >= 90
+
+
+def _moment(value: str) -> dt.datetime:
+    """An RFC 3339 timestamp (the CSV's) or an ODS date-value (LibreOffice's, local time = UTC here), naive UTC."""
+    parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return parsed.astimezone(dt.UTC).replace(tzinfo=None) if parsed.tzinfo else parsed
+
+
+@pytest.mark.timeout(900)
+async def test_the_workbook_opens_in_libreoffice_with_the_csvs_values(
+    api: Api, db: Database, settings: Settings, owner_url: str, office: Office, tmp_path: Path
+) -> None:
+    org = await api.org("Workbook")
+    titles = [*payloads(), "Line one\nline two", 'Quote "inside", comma', "four bytes \U0001f600", "plain"]
+    numbers = await add_tickets(db, org.id, org.member, titles, assignee_id=org.memberships["admin"])
+    await add_tickets(db, org.id, org.member, ["=closed, filtered out"], status="closed")
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute("UPDATE users SET name = %s WHERE id = %s", (DDE[0], org.admin.id))
+    results = {}
+    for kind in ("tickets_csv", "tickets_xlsx"):
+        export = await create_export(api, org, org.member, {"kind": kind, "filters": {"status": "open"}})
+        assert await run_export(runner(settings, db), uid(export["id"]), uid(org.id)) == "completed"
+        r = await download(api, org, org.member, export["id"])
+        assert r.status_code == 200, r.text
+        results[kind] = r.content
+    records = parse_csv(results["tickets_csv"])
+    book = tmp_path / "tickets.xlsx"
+    book.write_bytes(results["tickets_xlsx"])
+
+    opened = office.convert(book, "ods")
+    assert formulas_in(opened) == 0
+    assert formulas_in(office.convert(opened, "xlsx")) == 0
+    rows = ods_typed(opened)
+    assert [value for _, value in rows[0]][:7] == records[0]
+    assert len(rows) == len(records) == len(titles) + 1
+    for cells, record, number, title in zip(rows[1:], records[1:], numbers, titles, strict=True):
+        assert cells[0] == ("float", str(number)) and record[0] == str(number)
+        kind, shown = cells[1]
+        assert kind == "string" and _as_stored(shown) == _as_stored(title), (title, shown)
+        assert record[1] == "'" + title  # the CSV's guarded text: the same value behind its quote
+        assert [value for _, value in cells[2:5]] == [record[2], record[3], DDE[0]] and record[4] == "'" + DDE[0]
+        for (kind, value), text in zip(cells[5:7], record[5:7], strict=True):
+            assert kind == "date", (kind, value)
+            assert abs(_moment(value) - _moment(text)) <= dt.timedelta(milliseconds=1), (value, text)

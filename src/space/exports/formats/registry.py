@@ -20,6 +20,8 @@ from space.exports.formats.base import ExportRequest, Opener
 from space.exports.formats.snapshot import SnapshotRequest, open_snapshot
 from space.exports.formats.tickets_csv import TicketsCsvRequest, open_tickets_csv
 from space.exports.limits import Limits, archive, one_export
+from space.exports.formats.tickets_xlsx import MEDIA_TYPE as XLSX_MEDIA_TYPE
+from space.exports.formats.tickets_xlsx import TicketsXlsxRequest, open_tickets_xlsx
 
 
 class ExportKind(enum.StrEnum):
@@ -29,6 +31,8 @@ class ExportKind(enum.StrEnum):
     tickets_csv = "tickets_csv"
     archive = "archive"
     """One ZIP of the snapshot, every ticket as CSV, a manifest and the snapshot's schema (SPEC §13)."""
+    tickets_xlsx = "tickets_xlsx"
+    """The tickets of a tickets_csv export as an Excel workbook (SPEC §20)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,15 @@ KINDS: dict[ExportKind, Kind] = {
     ),
     ExportKind.archive: Kind(
         ArchiveRequest, "application/zip", "zip", customers=False, open=open_archive, limits=archive, final=True
+    ),
+    ExportKind.tickets_xlsx: Kind(
+        TicketsXlsxRequest,
+        XLSX_MEDIA_TYPE,
+        "xlsx",
+        customers=True,
+        open=open_tickets_xlsx,
+        limits=partial(one_export, hint=TICKETS_HINT),
+        final=False,
     ),
 }
 

@@ -4,6 +4,7 @@ export const KINDS = {
   snapshot: "Snapshot (JSON)",
   archive: "Complete archive (ZIP)",
   tickets_csv: "Tickets (CSV)",
+  tickets_xlsx: "Tickets (Excel workbook)",
 };
 
 export const STATES = {
