@@ -19,9 +19,9 @@ from space.exports.formats.archive import ArchiveRequest, open_archive
 from space.exports.formats.base import ExportRequest, Opener
 from space.exports.formats.snapshot import SnapshotRequest, open_snapshot
 from space.exports.formats.tickets_csv import TicketsCsvRequest, open_tickets_csv
-from space.exports.limits import Limits, archive, one_export
 from space.exports.formats.tickets_xlsx import MEDIA_TYPE as XLSX_MEDIA_TYPE
 from space.exports.formats.tickets_xlsx import TicketsXlsxRequest, open_tickets_xlsx
+from space.exports.limits import Limits, archive, one_export
 
 
 class ExportKind(enum.StrEnum):

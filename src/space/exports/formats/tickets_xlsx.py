@@ -113,12 +113,12 @@ class TicketsXlsx(TicketsCsv):
         self.rows = 0
         self.snapshot_at: dt.datetime | None = None
 
-    async def count(self, session: AsyncSession) -> int:
-        """Matching tickets; more than a worksheet holds fails `too_many_rows`."""
-        total = await super().count(session)
+    async def count(self, session: AsyncSession) -> dict[str, int]:
+        """Matching tickets, the rows of the one sheet; more than a worksheet holds fails `too_many_rows`."""
+        total = sum((await super().count(session)).values())
         check_sheet_rows(total)
         self.rows = total
-        return total
+        return {"Tickets": total}
 
     def header(self, snapshot_at: dt.datetime) -> bytes:
         """Nothing: the ZIP begins with its first part. Keeps the moment the snapshot stands for."""
