@@ -14,6 +14,10 @@ let shownAt = 0; // when the count shown was read: an older answer arriving late
 
 export function setup(signOut) {
   hooks = { signOut };
+  // Addresses are made in one place (state.href), as the tabs' are.
+  $("bell").href = href("notifications");
+  $("back-to-notifications").href = href("notifications");
+  $("to-preferences").href = href("preferences");
   $("read-all").addEventListener("click", readAll);
   $("notifications-older").addEventListener("click", older);
   $("preferences-form").addEventListener("submit", savePreferences);
@@ -82,17 +86,22 @@ function item(n) {
   const link = el("a", { href: target(n) }, n.title);
   // Opening a notification marks it read, then goes where it leads.
   link.addEventListener("click", async (event) => {
-    event.preventDefault();
+    // A click that opens another tab or window goes its own way; this one is still marked read.
+    const elsewhere = event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey || event.altKey;
+    if (!elsewhere) event.preventDefault();
     if (!n.readAt) {
       try {
         await api.readNotification(n.id);
+        n.readAt = new Date().toISOString();
+        li.className = "read";
+        title.querySelector(".tag")?.remove();
       } catch (error) {
         if (unauthenticated(error)) return hooks.signOut(error);
         // Not marked (the org was left since): the link still leads there, which answers for itself.
       }
       refreshCount();
     }
-    location.hash = link.getAttribute("href");
+    if (!elsewhere) location.hash = link.getAttribute("href");
   });
   title.append(link);
   const org = state.orgs.find((o) => o.id === n.orgId);
