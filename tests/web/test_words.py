@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from space import errors
+from space.notifications.models import NotificationType
 from space.problems import _CODES_BY_STATUS
 
 WORDS = Path(errors.__file__).parent / "web" / "static" / "words.js"
@@ -40,3 +41,10 @@ def test_every_problem_code_has_words() -> None:
 
 def test_the_codes_of_issue_29_have_words() -> None:
     assert {"webhook_limit_reached", "rate_limited", "unavailable"} <= _problem_words()
+
+
+def test_every_email_type_has_words_in_the_preferences_form() -> None:
+    block = re.search(r"const EMAIL_TYPES = \{(.*?)\n\};", WORDS.read_text(), re.S)
+    assert block is not None
+    labelled = set(re.findall(r'^\s+"([a-z_.]+)":', block.group(1), re.M))
+    assert labelled == {t.value for t in NotificationType}

@@ -82,4 +82,9 @@ export const api = {
   requestDeletion: (orgId, confirm, skipFinalExport) =>
     call("POST", `/orgs/${orgId}/deletion`, skipFinalExport ? { confirm, skipFinalExport: true } : { confirm }),
   cancelDeletion: (orgId) => call("DELETE", `/orgs/${orgId}/deletion`),
+  notifications: (limit, before) => call("GET", `/me/notifications?${page(limit, before)}`),
+  readNotification: (id) => call("POST", `/me/notifications/${encodeURIComponent(id)}/read`),
+  readAllNotifications: () => call("POST", "/me/notifications/read"),
+  preferences: () => call("GET", "/me/preferences"),
+  setPreferences: (email) => call("PUT", "/me/preferences", { email }),
 };

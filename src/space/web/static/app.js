@@ -1,10 +1,11 @@
 // The export center: signing in, the org in view, and which view its address names. Every value it shows comes
-// from Space's public API, as for any other client. Views: exports.js, audit.js, settings.js.
+// from Space's public API, as for any other client. Views: exports.js, audit.js, settings.js, notifications.js.
 import { api, ApiError, signIn, signOut, token } from "./api.js";
 import * as audit from "./audit.js";
 import * as exports from "./exports.js";
+import * as notifications from "./notifications.js";
 import * as settings from "./settings.js";
-import { href, isOverseer, nextGeneration, parse, state } from "./state.js";
+import { ME_VIEWS, afterPoll, href, isOverseer, nextGeneration, parse, state } from "./state.js";
 import { $, answer, el, failure } from "./ui.js";
 import * as words from "./words.js";
 
@@ -50,6 +51,7 @@ function leave(message = "") {
   for (const id of ["exports", "org-exports", "audit-items", "one-export", "org", "member-items", "webhook-items"]) {
     $(id).replaceChildren();
   }
+  notifications.reset();
   answer($("view-answer"), "");
   $("sign-in-error").textContent = message;
   $("token").focus();
@@ -120,7 +122,9 @@ function showView(name) {
     if (tab.dataset.view === name) tab.setAttribute("aria-current", "page");
     else tab.removeAttribute("aria-current");
   }
-  $("org-bar").hidden = state.orgs.length === 0 && name === "new-org";
+  $("org-bar").hidden = (state.orgs.length === 0 && name === "new-org") || (ME_VIEWS.has(name) && !state.org);
+  if (name === "notifications") $("bell").setAttribute("aria-current", "page");
+  else $("bell").removeAttribute("aria-current");
 }
 
 // A new view takes the focus to its heading: a screen reader says where the reader now is, and Tab goes on from
@@ -139,6 +143,8 @@ const TITLES = {
   audit: "Audit trail",
   settings: "Settings",
   "new-org": "New organization",
+  notifications: "Notifications",
+  preferences: "Email preferences",
 };
 
 /** Show what the address names. `fresh`: the address changed (not a clock tick): start the view anew. */
@@ -155,6 +161,9 @@ async function route(fresh = true) {
   const generation = nextGeneration();
   if (fresh) answer($("view-answer"), pending || "");
   pending = null;
+  // Every view, and every clock tick, reads the unread count again.
+  notifications.refreshCount();
+  if (ME_VIEWS.has(target.view)) return routeMine(target.view, key, generation, fresh);
   if (target.view === "new-org") {
     shown = { key };
     $("no-orgs").hidden = state.orgs.length > 0;
@@ -193,6 +202,27 @@ async function route(fresh = true) {
   else if (view === "settings" && fresh) await settings.show(generation);
 }
 
+/** The caller's own views (`#/me/...`): not an org's, though the org's tabs stay at hand to go back to. */
+async function routeMine(view, key, generation, fresh) {
+  shown = { key };
+  if (!state.org && state.orgs.length) {
+    try {
+      await loadOrg(state.orgs[0].id);
+    } catch {
+      // Only the tabs depend on it: they stay hidden.
+    }
+    if (generation !== state.generation) return;
+  }
+  if (state.org) renderOrg();
+  $("banner").hidden = true;
+  showView(view);
+  document.title = `${TITLES[view]} · Space`;
+  if (!fresh) return;
+  focusView(view);
+  if (view === "notifications") await notifications.showNotifications(generation);
+  else await notifications.showPreferences(generation);
+}
+
 // An org's state changed (suspended, deleting...): the banner and the controls follow.
 function orgChanged() {
   const i = state.orgs.findIndex((o) => o.id === state.org.id);
@@ -229,6 +259,8 @@ async function createOrg(event) {
 exports.setup(expired);
 audit.setup(expired);
 settings.setup(expired, orgChanged);
+notifications.setup(expired);
+afterPoll(notifications.refreshCount);
 
 $("sign-in-form").addEventListener("submit", async (event) => {
   event.preventDefault();
@@ -242,7 +274,8 @@ $("sign-out").addEventListener("click", () => leave("You are signed out."));
 $("org").addEventListener("change", () => {
   // The same view of the other org (the caller's exports when that view is not theirs there).
   const target = parse(location.hash);
-  const view = target && target.view !== "export" && target.view !== "new-org" ? target.view : "exports";
+  const view =
+    target && target.view !== "export" && target.view !== "new-org" && !ME_VIEWS.has(target.view) ? target.view : "exports";
   location.hash = href(view, $("org").value);
 });
 $("new-org-form").addEventListener("submit", createOrg);

@@ -35,18 +35,33 @@ export function current(generation) {
   return generation === state.generation;
 }
 
+const afterPolls = [];
+
+/** Call `fn` after every poll has read its answer (the notifications count follows the exports' polling). */
+export function afterPoll(fn) {
+  afterPolls.push(fn);
+}
+
 /** Poll `fn` again after `seconds` (the API's Retry-After when it gave one), for this view only. */
 export function pollLater(generation, fn, seconds) {
   if (!current(generation)) return;
   clearTimeout(state.pollTimer);
   state.pollTimer = setTimeout(() => {
-    if (current(generation)) fn();
+    if (!current(generation)) return;
+    // After the poll, not beside it: the poll that sees an export end must be followed by a count that has it.
+    Promise.resolve(fn()).finally(() => {
+      for (const hook of afterPolls) hook();
+    });
   }, (seconds ?? DEFAULT_POLL_SECONDS) * 1000);
 }
 
-/** The address of a view of an org: `#/orgs/<orgId>/<view>[/<exportId>]`. */
+/** The caller's own views, not an org's: `#/me/<view>`. */
+export const ME_VIEWS = new Set(["notifications", "preferences"]);
+
+/** The address of a view of an org: `#/orgs/<orgId>/<view>[/<exportId>]` (or the caller's own, `#/me/<view>`). */
 export function href(view, orgId = state.org && state.org.id, exportId = null) {
   if (view === "new-org") return "#/orgs/new";
+  if (ME_VIEWS.has(view)) return `#/me/${view}`;
   if (view === "export") return `#/orgs/${orgId}/exports/${exportId}`;
   return `#/orgs/${orgId}/${view}`;
 }
@@ -57,6 +72,7 @@ const VIEWS = new Set(["exports", "all", "audit", "settings"]);
 export function parse(hash) {
   const parts = hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
   if (parts.length === 2 && parts[0] === "orgs" && parts[1] === "new") return { view: "new-org" };
+  if (parts.length === 2 && parts[0] === "me" && ME_VIEWS.has(parts[1])) return { view: parts[1] };
   if (parts[0] !== "orgs" || parts.length < 2) return null;
   const orgId = parts[1];
   if (parts.length === 2) return { view: "exports", orgId };

@@ -192,3 +192,18 @@ export function delimiter(x) {
   if (x.kind === "archive") return `tickets.csv columns separated by ${DELIMITERS[x.delimiter || ","]}`;
   return "";
 }
+
+// --- notifications (SPEC §19) ---
+
+/** Each email type in words, for the preferences form ("Email me when ..."). */
+export const EMAIL_TYPES = {
+  "export.completed": "An export of mine is ready",
+  "export.failed": "An export of mine failed",
+  "export.cancelled": "An export of mine was cancelled by someone else",
+  "org.deletion_requested": "An organization I own is to be deleted",
+};
+
+/** The notifications control's name for screen readers: the count is in it, the badge is only seen. */
+export function notificationsLabel(unread) {
+  return unread ? `Notifications, ${unread} unread` : "Notifications";
+}
