@@ -6,9 +6,11 @@ Scenarios over download links (§10), oversight (§12) and the archive (§13) ar
 from __future__ import annotations
 
 import datetime as dt
+import io
 import re
 from typing import Any
 
+import openpyxl
 import psycopg
 import pytest
 from playwright.async_api import Page, expect
@@ -74,6 +76,29 @@ async def test_member_requests_a_filtered_csv_and_watches_it_complete(
     assert await _layout_shift(page) < 0.01
 
 
+async def test_customer_requests_an_excel_workbook_of_their_tickets(
+    api: Api, db: Database, open_page: OpenPage, worker: None
+) -> None:
+    org = await api.org("Workbooks Inc")
+    await add_tickets(db, org.id, org.customer, ["=1+1 my printer", "my scanner"])
+    page = await open_page("customer-xlsx")
+    await sign_in(page, org.customer)
+    await page.get_by_label("Tickets (Excel workbook)").check()
+    # A workbook's cells are cells: no column separator to choose, the filters as for the CSV.
+    await expect(page.get_by_label("Column separator")).to_be_hidden()
+    await page.get_by_label("Text in title or body").fill("printer")
+    await page.get_by_role("button", name="Request export").click()
+    item = my_exports(page).filter(has_text='Tickets (Excel workbook): text "printer"')
+    await expect(item.get_by_text("Ready to download")).to_be_visible()
+
+    (export,) = (await api.call("GET", org.path("/exports"), org.customer)).json()["items"]
+    assert export["kind"] == "tickets_xlsx" and export["filters"] == {"q": "printer"} and export["rowCount"] == 1
+    body = (await api.call("GET", org.path(f"/exports/{export['id']}/result"), org.customer)).content
+    sheet = openpyxl.load_workbook(io.BytesIO(body), read_only=True)["Tickets"]
+    titles = [row[1] for row in sheet.iter_rows(min_row=2, values_only=True)]
+    assert titles == ["=1+1 my printer"]
+
+
 async def test_customer_never_sees_snapshot_or_archive(api: Api, db: Database, open_page: OpenPage) -> None:
     org = await api.org("Helpdesk Co")
     await add_tickets(db, org.id, org.customer, ["My question"])
@@ -84,7 +109,9 @@ async def test_customer_never_sees_snapshot_or_archive(api: Api, db: Database, o
     await expect(page.get_by_label("Tickets (CSV)")).to_be_checked()
     await expect(page.get_by_label("Snapshot: projects and tasks (JSON)")).to_be_hidden()
     await expect(page.get_by_label("Complete archive: everything (ZIP)")).to_be_hidden()
-    await expect(page.get_by_role("radio")).to_have_count(1)
+    # The tickets as a CSV or as an Excel workbook, nothing else (SPEC §20: everyone who may export tickets).
+    await expect(page.get_by_role("radio")).to_have_count(2)
+    await expect(page.get_by_label("Tickets (Excel workbook)")).to_be_visible()
     # No owner or admin tools either.
     await expect(page.get_by_role("region", name="Every export in this organization")).to_be_hidden()
     await expect(page.get_by_role("region", name="Audit trail")).to_be_hidden()

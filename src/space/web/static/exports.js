@@ -5,6 +5,9 @@ import { ACTIVE, PAGE_SIZE, current, href, isOverseer, isStaff, pollLater, state
 import { $, answer, el, failure } from "./ui.js";
 import * as words from "./words.js";
 
+/** The kinds that take ticket filters (SPEC §20: the workbook has the CSV's rows, scope and filters). */
+const TICKET_KINDS = new Set(["tickets_csv", "tickets_xlsx"]);
+
 // --- what a row says ----------------------------------------------------------------------------------------
 
 function shownState(x) {
@@ -15,7 +18,7 @@ function shownState(x) {
 }
 
 export function title(x) {
-  return x.kind === "tickets_csv" ? `${words.KINDS[x.kind]}: ${words.filters(x.filters)}` : words.KINDS[x.kind] || x.kind;
+  return TICKET_KINDS.has(x.kind) ? `${words.KINDS[x.kind]}: ${words.filters(x.filters)}` : words.KINDS[x.kind] || x.kind;
 }
 
 function isMine(x) {
@@ -184,10 +187,8 @@ function renderList(node, items, list) {
 /** Repeat an export as it was: the same kind, filters and delimiter. */
 export function again(x) {
   const request = { kind: x.kind };
-  if (x.kind === "tickets_csv") {
-    request.filters = x.filters || {};
-    request.delimiter = x.delimiter || ",";
-  }
+  if (TICKET_KINDS.has(x.kind)) request.filters = x.filters || {};
+  if (x.kind === "tickets_csv") request.delimiter = x.delimiter || ",";
   return request;
 }
 
@@ -355,9 +356,12 @@ function renderForm() {
 
 function syncKind() {
   const kind = document.querySelector('input[name="kind"]:checked').value;
-  const csv = kind === "tickets_csv";
-  $("csv-options").hidden = !csv;
-  $("csv-options").disabled = !csv;
+  // Both ticket kinds take the filters; only the CSV has a column separator (a workbook's cells are cells).
+  const tickets = TICKET_KINDS.has(kind);
+  $("csv-options").hidden = !tickets;
+  $("csv-options").disabled = !tickets;
+  $("delimiter-option").hidden = kind !== "tickets_csv";
+  $("f-delimiter").disabled = kind !== "tickets_csv";
 }
 
 async function requestExport(event) {
@@ -365,7 +369,7 @@ async function requestExport(event) {
   if (!state.org) return;
   const kind = document.querySelector('input[name="kind"]:checked').value;
   const request = { kind };
-  if (kind === "tickets_csv") {
+  if (TICKET_KINDS.has(kind)) {
     const filters = {};
     for (const [key, id] of [["status", "f-status"], ["priority", "f-priority"], ["assignment", "f-assignment"]]) {
       if ($(id).value) filters[key] = $(id).value;
@@ -373,7 +377,7 @@ async function requestExport(event) {
     const q = $("f-q").value.trim();
     if (q) filters.q = q;
     request.filters = filters;
-    request.delimiter = $("f-delimiter").value;
+    if (kind === "tickets_csv") request.delimiter = $("f-delimiter").value;
   }
   const ok = await submit(request, $("request-export"), $("export-answer"));
   if (ok) {
