@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from asyncio.subprocess import PIPE
 from pathlib import Path
@@ -114,11 +115,15 @@ class _running:
         self.url = f"http://127.0.0.1:{port}/health"
 
     def __enter__(self) -> subprocess.Popen[bytes]:
-        self.proc = subprocess.Popen(self.args, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # Its log goes to a file, not a pipe nobody reads: a full pipe would block the process (a shutdown that logs
+        # then never ends). Jobs other tests left on the session's queue make it log a good deal.
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(self.args, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                pytest.fail(f"space exited early: {self.proc.stdout.read().decode() if self.proc.stdout else ''}")
+                self.log.seek(0)
+                pytest.fail(f"space exited early: {self.log.read().decode(errors='replace')}")
             try:
                 httpx.get(self.url, timeout=1)
                 return self.proc
@@ -134,6 +139,8 @@ class _running:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise
+        finally:
+            self.log.close()
 
 
 def test_the_api_listener_hands_out_connections_without_nagle() -> None:

@@ -437,7 +437,7 @@ async def test_links_and_their_downloads_are_in_the_audit_trail(api: Api, db: Da
 
     r = await api.call("GET", org.path("/audit"), org.owner)
     assert r.status_code == 200, r.text
-    rows = [i for i in r.json()["items"] if i["target"] == {"type": "export", "id": export_id}]
+    rows = [i for i in r.json()["items"] if (i["target"]["type"], i["target"]["id"]) == ("export", export_id)]
     by_action = [(i["action"], i["details"]) for i in rows if i["action"] != "export.completed"][::-1]
     assert by_action[1:] == [
         ("export.link_created", {"expiresAt": link["expiresAt"]}),

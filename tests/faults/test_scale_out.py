@@ -37,8 +37,12 @@ PER_ORG = 3
 
 
 async def _workers(owner: Owner) -> set[str]:
-    """Ids of the workers SAQ knows as alive (each writes its row when it starts, then every few seconds)."""
-    rows = await owner.fetch("SELECT worker_id FROM saq.saq_stats WHERE expire_at >= extract(epoch FROM now())")
+    """Ids of the export workers SAQ knows as alive (each writes its row when it starts, then every few seconds); a
+    worker process's outbound lane is a SAQ worker of its own, on the `-outbound` queue, and is not counted."""
+    rows = await owner.fetch(
+        "SELECT worker_id FROM saq.saq_stats WHERE expire_at >= extract(epoch FROM now())"
+        " AND queue_key NOT LIKE '%-outbound'"
+    )
     return {r["worker_id"] for r in rows}
 
 

@@ -9,6 +9,7 @@ KINDS = {
     "snapshot": "Snapshot (JSON)",
     "archive": "Complete archive (ZIP)",
     "tickets_csv": "Tickets (CSV)",
+    "tickets_xlsx": "Tickets (Excel workbook)",
 }
 
 EXPORT_REASONS = {
