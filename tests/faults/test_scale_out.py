@@ -41,7 +41,7 @@ async def _workers(owner: Owner) -> set[str]:
     worker process's outbound lane is a SAQ worker of its own, on the `-outbound` queue, and is not counted."""
     rows = await owner.fetch(
         "SELECT worker_id FROM saq.saq_stats WHERE expire_at >= extract(epoch FROM now())"
-        " AND queue_key NOT LIKE '%-outbound'"
+        " AND right(queue_key, 9) <> '-outbound'"
     )
     return {r["worker_id"] for r in rows}
 
