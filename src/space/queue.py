@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
 from saq import Job, Queue
 from saq.job import Status
 from saq.queue.postgres import PostgresQueue
@@ -94,7 +95,20 @@ def make_queue(
             assert settings.database_url, "the queue needs DATABASE_URL or SPACE_QUEUE_URL"
             url = queue_conninfo(settings.database_url)
         conninfo = make_conninfo(url, application_name=application_name)
-        queue = PostgresQueue(url=conninfo, name=identity.name, min_size=1, max_size=max_connections)
+        # Our own pool, so that min_size holds from the start: SAQ builds its pool with psycopg_pool's default of 4
+        # and only resizes it after opening, which leaves 4 idle connections per queue for ten minutes (two queues
+        # a process, with the outbound lane, filled a small server's slots in the scale-out test).
+        pool = AsyncConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max_connections,
+            check=AsyncConnectionPool.check_connection,
+            kwargs={"autocommit": True},
+            open=False,
+        )
+        queue = PostgresQueue(
+            pool=pool, name=identity.name, min_size=1, max_size=max_connections, manage_pool_lifecycle=True
+        )
     prefix = cron_prefix(identity)
 
     async def stamp(job: Job) -> None:

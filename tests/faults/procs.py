@@ -52,6 +52,9 @@ FAULT_SETTINGS: dict[str, str] = {
     "SPACE_EXPORT_CHUNK_BYTES": "8192",
     "SPACE_EXPORT_RETRIES": "3",
     "SPACE_WORKER_CONCURRENCY": "2",
+    # No fault scenario sends much outbound: two slots of the lane keep its queue's connections few, as five
+    # processes share the machine's PostgreSQL with the rest of the suite.
+    "SPACE_OUTBOUND_CONCURRENCY": "2",
     # Several workers run on this host at once: none serves metrics unless a test gives it a port of its own.
     "SPACE_WORKER_METRICS_PORT": "0",
 }
