@@ -19,6 +19,7 @@ import logging
 import math
 import signal
 import threading
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,12 +275,29 @@ async def run_worker(settings: Settings, *, started: asyncio.Event | None = None
             loop.remove_signal_handler(signum)
         for worker in lanes.workers:
             with contextlib.suppress(Exception):
-                await worker.queue.disconnect()
-        await lanes.close()
+                await _bounded(worker.queue.disconnect(), f"disconnecting queue {worker.queue.name}")
+        await _bounded(lanes.close(), "closing the lanes' database pools")
     # Worker.start swallows cancellation while stopping; pass it on to whoever cancelled us.
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+STOP_STEP_SECONDS = HAND_BACK_SECONDS + 5
+"""Bound on each step of stopping (the workers, then each queue, then the pools): past it the step is left behind
+with a warning naming it, so that a stop never hangs (a stop of `space up` or of a test's worker was seen, rarely,
+not to end)."""
+
+
+async def _bounded(step: Awaitable[Any], what: str) -> None:
+    """Await one step of stopping for at most STOP_STEP_SECONDS; past it, log a warning and go on, leaving the step
+    running (not `wait_for`, which would wait for its cancellation, and a step that hangs may not honour one)."""
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=STOP_STEP_SECONDS)
+    if not done:
+        log.warning("%s took longer than %.0f s; left behind", what, STOP_STEP_SECONDS)
+        return
+    task.result()
 
 
 async def _run(lanes: Lanes) -> None:
@@ -291,7 +309,7 @@ async def _run(lanes: Lanes) -> None:
         # Cancelled (`space up` stopping): each worker stops as it did alone, its running jobs cancelled and handed back.
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _bounded(asyncio.gather(*tasks, return_exceptions=True), "stopping the lanes' workers")
         raise
     # One lane ended (a signal set both events, or it failed): the other stops too, by its event, so that a stop
     # already under way is never cut short.
