@@ -3,8 +3,6 @@ keyset-paged read, and where a request comes from (`client_ip`)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import datetime as dt
 import ipaddress
@@ -13,10 +11,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from sqlalchemy import func, literal, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from space import cursors
 from space.audit.models import AuditAction, AuditEvent
 from space.audit.schemas import AuditActor, AuditItem, AuditPage, AuditTarget
 from space.auth.models import User
@@ -150,18 +148,13 @@ _CURSOR_VERSION = 2
 
 def encode_cursor(row_id: uuid.UUID) -> str:
     """The opaque cursor of the page that follows the row `row_id` (older rows)."""
-    raw = msgspec.json.encode([_CURSOR_VERSION, str(row_id)])
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+    return cursors.encode_cursor(row_id, _CURSOR_VERSION)
 
 
 def decode_cursor(cursor: str) -> uuid.UUID:
     """The row a cursor names; 400 `invalid_request` (naming `before`) for anything this service did not make."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        version, row_id = msgspec.json.decode(raw, type=tuple[int, uuid.UUID])
-    except (binascii.Error, ValueError, msgspec.DecodeError, msgspec.ValidationError):
-        raise _not_a_cursor() from None
-    if version != _CURSOR_VERSION:
+    row_id = cursors.decode_cursor(cursor, _CURSOR_VERSION)
+    if row_id is None:
         raise _not_a_cursor()
     return row_id
 

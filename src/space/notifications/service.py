@@ -9,20 +9,18 @@ the recipient still gets it. Nothing here reads or writes an export: a notificat
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 from saq import Queue
 from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from space import cursors
 from space.auth.models import User
 from space.db import UnitOfWork
 from space.errors import InvalidRequest, NotFound
@@ -148,18 +146,13 @@ _CURSOR_VERSION = 1
 
 def encode_cursor(row_id: uuid.UUID) -> str:
     """The opaque cursor of the page after the row `row_id` (older rows): one of the caller's own rows, nothing else."""
-    raw = msgspec.json.encode([_CURSOR_VERSION, str(row_id)])
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+    return cursors.encode_cursor(row_id, _CURSOR_VERSION)
 
 
 def decode_cursor(cursor: str) -> uuid.UUID:
     """The row a cursor names; 400 `invalid_request` (naming `before`) for anything this service did not make."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        version, row_id = msgspec.json.decode(raw, type=tuple[int, uuid.UUID])
-    except (binascii.Error, ValueError, msgspec.DecodeError, msgspec.ValidationError):
-        raise _not_a_cursor() from None
-    if version != _CURSOR_VERSION:
+    row_id = cursors.decode_cursor(cursor, _CURSOR_VERSION)
+    if row_id is None:
         raise _not_a_cursor()
     return row_id
 
