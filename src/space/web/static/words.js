@@ -49,7 +49,7 @@ const PROBLEMS = {
   export_quota_exceeded: "The organization's storage for exports is full. Delete older exports first.",
   link_expired: "The download link expired. Press Download again for a new one.",
   link_invalid: "The download link is not valid. Press Download again for a new one.",
-  org_limit_reached: "You own as many organizations as allowed.",
+  org_limit_reached: "You have created as many organizations as one person may.",
   last_owner: "An organization needs at least one owner.",
   busy: "The server is busy with other downloads.",
   timeout: "The server took too long to answer.",
