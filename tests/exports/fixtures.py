@@ -26,6 +26,7 @@ from space.exports.models import ExportChunk, ExportJob
 from space.exports.pipeline import ExportRunner, run_export
 from space.projects.models import Project, Task
 from space.tickets.models import Ticket, TicketCounter
+from space.worker import run_worker
 from tests.exports.s3_fixtures import follow, store_for
 from tests.helpers import Api, Org, TestUser
 
@@ -336,3 +337,17 @@ async def fail_lease(lease: Lease, code: str) -> None:
     """The lease's fenced failure write in a transaction of its own (LeaseLost when its fence is gone)."""
     async with UnitOfWork(lease.db.sessionmaker, Tenant(org_id=lease.org_id)) as uow:
         await lease.fail_in(uow, code)
+
+
+@contextlib.asynccontextmanager
+async def in_process_worker(settings: Settings) -> AsyncIterator[None]:
+    """The real SAQ worker (both lanes), in this process, until the block ends."""
+    started = asyncio.Event()
+    task = asyncio.create_task(run_worker(settings, started=started))
+    try:
+        await asyncio.wait_for(started.wait(), WAIT)
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, WAIT)

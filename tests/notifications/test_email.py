@@ -5,8 +5,6 @@ once, and an export that no notification can change."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -27,8 +25,17 @@ from space.notifications.models import NotificationType
 from space.notifications.outbox import EMAILS, SEND_EMAIL, retry_schedule
 from space.notifications.sending import send_email
 from space.queue import open_outbound_queue
-from space.worker import run_worker
-from tests.exports.fixtures import WAIT, add_tickets, create_export, download, runner, tuned, uid, wait_for, wait_state
+from tests.exports.fixtures import (
+    add_tickets,
+    create_export,
+    download,
+    in_process_worker,
+    runner,
+    tuned,
+    uid,
+    wait_for,
+    wait_state,
+)
 from tests.helpers import Api, Org, TestUser, UserFactory, free_port
 from tests.notifications.smtp_server import Received, SmtpServer, smtp_server
 
@@ -62,20 +69,6 @@ async def mail_client(mail: Settings) -> AsyncIterator[AsyncTestClient]:  # type
 def mapi(mail_client: AsyncTestClient, users: UserFactory) -> Api:  # type: ignore[type-arg]
     """API caller against the emailing app."""
     return Api(mail_client, users)
-
-
-@contextlib.asynccontextmanager
-async def worker(settings: Settings) -> AsyncIterator[None]:
-    """The real SAQ worker, in this process, until the block ends."""
-    started = asyncio.Event()
-    task = asyncio.create_task(run_worker(settings, started=started))
-    try:
-        await asyncio.wait_for(started.wait(), WAIT)
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, WAIT)
 
 
 async def received(smtp: SmtpServer, user: TestUser, n: int = 1) -> list[Received]:
@@ -173,7 +166,7 @@ async def test_the_failed_email_says_why_in_the_page_s_words(
 ) -> None:
     org = await mapi.org()
     await add_tickets(db, org.id, org.member, [TICKET_TEXT, "two"])
-    async with worker(tuned(mail, export_row_limit=1)):
+    async with in_process_worker(tuned(mail, export_row_limit=1)):
         export = await create_export(mapi, org, org.member, {"kind": "tickets_csv", "filters": {"q": "o"}})
         done = await wait_state(mapi, org, org.member, export["id"], {"failed", "completed"})
         await settled_row(owner, org.member, "export.failed", {"delivered", "failed"})
@@ -196,7 +189,7 @@ async def test_every_owner_is_emailed_a_deletion_request(
     org = await mapi.org("Doomed")
     r = await mapi.call("PATCH", org.path(f"/members/{org.admin.id}"), org.owner, json={"role": "owner"})
     assert r.status_code == 200, r.text
-    async with worker(mail):
+    async with in_process_worker(mail):
         r = await mapi.call(
             "POST", org.path("/deletion"), org.owner, json={"confirm": "Doomed", "skipFinalExport": True}
         )
@@ -220,7 +213,7 @@ async def test_a_cancellation_by_an_admin_is_emailed_to_the_creator(
     r = await mapi.call("DELETE", org.path(f"/exports/{export['id']}"), org.admin)
     assert r.status_code == 204, r.text
     # Enqueued by the API after its commit (not left to the sweeper, which waits a minute for a lost entry).
-    async with worker(mail):
+    async with in_process_worker(mail):
         await settled_row(owner, org.member, "export.cancelled", {"delivered", "failed"})
     (got,) = smtp.recorder.to(org.member.email)
     assert got.message["Subject"] == "Your Snapshot (JSON) export in Acme was cancelled"
@@ -236,7 +229,7 @@ async def test_a_451_once_still_delivers_exactly_once(
 ) -> None:
     org = await mapi.org()
     smtp.recorder.answer(org.member.email, "451 4.3.0 Try again later")
-    async with worker(mail):
+    async with in_process_worker(mail):
         export = await create_export(mapi, org, org.member, {"kind": "snapshot"})
         await wait_state(mapi, org, org.member, export["id"], {"completed"})
         row = await settled_row(owner, org.member, "export.completed", {"delivered", "failed"})
@@ -250,7 +243,7 @@ async def test_a_550_fails_the_email_and_the_export_stays_completed_and_download
 ) -> None:
     org = await mapi.org()
     smtp.recorder.answer(org.member.email, "550 5.1.1 No such mailbox")
-    async with worker(mail):
+    async with in_process_worker(mail):
         export = await create_export(mapi, org, org.member, {"kind": "snapshot"})
         await wait_state(mapi, org, org.member, export["id"], {"completed"})
         row = await settled_row(owner, org.member, "export.completed", {"delivered", "failed"})
@@ -325,7 +318,7 @@ async def test_two_workers_draining_one_outbox_send_each_email_once(
                 await queue.enqueue(Job(function=SEND_EMAIL, kwargs=job.kwargs, key=f"{job.key}:{copy}", retries=1))
         # Two slots each: enough to race, and frugal with the server's connections.
         pair = tuned(mail, worker_concurrency=1, outbound_concurrency=2)
-        async with worker(pair), worker(pair):
+        async with in_process_worker(pair), in_process_worker(pair):
             for person in people:
                 await received(smtp, person)
                 await settled_row(owner, person, "org.deletion_requested", {"delivered", "failed"})
@@ -352,7 +345,7 @@ async def test_the_sweeper_sends_an_email_whose_enqueue_was_lost(
     try:
         ctx = {"db": db, "worker": type("W", (), {"queue": queue})()}
         assert (await sweep_emails_job(ctx))["enqueued"] >= 1
-        async with worker(mail):
+        async with in_process_worker(mail):
             row = await settled_row(owner, org.member, "export.completed", {"delivered", "failed"})
     finally:
         await queue.disconnect()
@@ -383,7 +376,7 @@ async def test_a_preference_off_sends_nothing_and_keeps_the_in_app_row(
     org = await mapi.org()
     r = await mapi.call("PUT", "/me/preferences", org.member, json={"email": {"export.completed": False}})
     assert r.status_code == 200, r.text
-    async with worker(mail):
+    async with in_process_worker(mail):
         export = await create_export(mapi, org, org.member, {"kind": "snapshot"})
         await wait_state(mapi, org, org.member, export["id"], {"completed"})
         row = await settled_row(owner, org.member, "export.completed", {"skipped", "delivered", "failed"})

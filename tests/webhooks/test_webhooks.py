@@ -3,8 +3,6 @@ real local receiver, retries with a deliveries log, the address guard at creatio
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -27,8 +25,7 @@ from space.webhooks.delivery import deliver
 from space.webhooks.jobs import sweep_webhooks_job
 from space.webhooks.models import EventType
 from space.webhooks.schemas import EventData, WebhookCreate
-from space.worker import run_worker
-from tests.exports.fixtures import WAIT, add_tickets, create_export, tuned, wait_for, wait_state
+from tests.exports.fixtures import add_tickets, create_export, in_process_worker, tuned, wait_for, wait_state
 from tests.exports.limits_fixtures import tuned_api
 from tests.helpers import Api, Org, UserFactory, assert_problem
 from tests.orgs.fixtures import request_deletion
@@ -57,20 +54,6 @@ async def local_client(private_ok: Settings) -> AsyncIterator[AsyncTestClient]: 
 def local_api(local_client: AsyncTestClient, users: UserFactory) -> Api:  # type: ignore[type-arg]
     """API caller against the app that allows local webhook URLs."""
     return Api(local_client, users)
-
-
-@contextlib.asynccontextmanager
-async def worker(settings: Settings) -> AsyncIterator[None]:
-    """The real SAQ worker, in this process, until the block ends."""
-    started = asyncio.Event()
-    task = asyncio.create_task(run_worker(settings, started=started))
-    try:
-        await asyncio.wait_for(started.wait(), WAIT)
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, WAIT)
 
 
 async def add_webhook(api: Api, org: Org, url: str, events: list[str]) -> dict[str, Any]:
@@ -246,7 +229,7 @@ async def test_delivery_checks_the_address_again(local_api: Api, private_ok: Set
     org = await local_api.org()
     with receiver() as rx:
         hook = await add_webhook(local_api, org, rx.url, ["org.deletion_requested"])
-        async with worker(tuned(private_ok, webhook_allow_private=False)):
+        async with in_process_worker(tuned(private_ok, webhook_allow_private=False)):
             await request_deletion(local_api, org)
             log = await attempts(local_api, org, hook["id"], 1)
         assert rx.count == 0
@@ -266,7 +249,7 @@ async def test_export_completed_is_signed_and_holds_no_content(
     with receiver() as rx:
         hook = await add_webhook(local_api, org, rx.url, ["export.completed"])
         other = await add_webhook(local_api, org, rx.url, ["export.failed"])
-        async with worker(private_ok):
+        async with in_process_worker(private_ok):
             export = await create_export(local_api, org, org.member, {"kind": "tickets_csv"})
             done = await wait_state(local_api, org, org.member, export["id"], {"completed", "failed"})
             assert done["state"] == "completed", done
@@ -294,7 +277,7 @@ async def test_export_failed_carries_the_error_code(local_api: Api, db: Database
     await add_tickets(db, org.id, org.member, ["one", "two"])
     with receiver() as rx:
         hook = await add_webhook(local_api, org, rx.url, ["export.failed", "export.completed"])
-        async with worker(tuned(private_ok, export_row_limit=1)):
+        async with in_process_worker(tuned(private_ok, export_row_limit=1)):
             export = await create_export(local_api, org, org.member, {"kind": "tickets_csv"})
             done = await wait_state(local_api, org, org.member, export["id"], {"completed", "failed"})
             got = await rx.next()
@@ -317,7 +300,7 @@ async def test_a_failing_receiver_gets_retried_and_the_log_shows_each_attempt(
     org = await local_api.org()
     with receiver([500, 500, 200]) as rx:
         hook = await add_webhook(local_api, org, rx.url, ["org.deletion_requested"])
-        async with worker(private_ok):
+        async with in_process_worker(private_ok):
             await request_deletion(local_api, org)
             received = [await rx.next() for _ in range(3)]
             log = await attempts(local_api, org, hook["id"], 3)
@@ -342,7 +325,7 @@ async def test_a_receiver_that_never_succeeds_gets_five_attempts(
     org = await local_api.org()
     with receiver([503] * 10) as rx:
         hook = await add_webhook(local_api, org, rx.url, ["org.deletion_requested"])
-        async with worker(private_ok):
+        async with in_process_worker(private_ok):
             await request_deletion(local_api, org)
             log = await attempts(local_api, org, hook["id"], 5)
         assert rx.count == 5
@@ -433,7 +416,7 @@ async def test_the_sweeper_sends_a_delivery_whose_enqueue_was_lost(
             )
             assert delivery_id in await due(db)
             assert (await sweep_webhooks_job(ctx))["enqueued"] >= 1
-            async with worker(private_ok):
+            async with in_process_worker(private_ok):
                 got = await rx.next()
                 await attempts(local_api, org, hook["id"], 1)
         finally:
