@@ -2,7 +2,7 @@
 
 A tenant table is any table of `public` with an `org_id` column or with row level security, whoever added it: a
 later table is judged by the same rule without being named here. Only the tables that are not per tenant are
-named, each with the reason it is not:
+named, each with the reason it is not (`REFERENCE`).
 """
 
 from __future__ import annotations
