@@ -1,5 +1,6 @@
 """SPEC §28: the catalogue says every tenant table is keyed, made unique and joined by org_id, so a later table
-can't drift; the rule judges tables it has never heard of (a bad and a good one made here, then rolled back)."""
+can't drift; the rule judges tables it has never heard of (a bad and a good one made here, then rolled back). And
+the one foreign key whose ON DELETE had to change its form: a removed assignee."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from typing import Any
 
 import psycopg
 
+from space.db import Database
 from tests.db.keys import REFERENCE, violations
+from tests.exports.fixtures import add_tickets
+from tests.helpers import Api, OrgFactory
 
 
 def test_every_tenant_table_is_keyed_by_org(owner: psycopg.Connection[Any]) -> None:
@@ -57,3 +61,16 @@ def test_an_unnamed_table_is_judged_by_the_rule(owner: psycopg.Connection[Any]) 
         "zz_keyless: no primary key",
         "zz_user_table: zz_user_table_good_org_good_id_fkey, a reference table's foreign key to tenant zz_good",
     ]
+
+
+async def test_removing_an_assignee_unassigns_only(api: Api, orgs: OrgFactory, db: Database) -> None:
+    # The composite foreign key sets only assignee_id to NULL (`SET NULL (assignee_id)`): a plain SET NULL would
+    # null the ticket's org_id too, and the member's removal would fail on NOT NULL.
+    org = await orgs.make()
+    [number] = await add_tickets(db, org.id, org.customer, ["assigned"], assignee_id=org.memberships["member"])
+    r = await api.call("DELETE", org.path(f"/members/{org.member.id}"), org.owner)
+    assert r.status_code == 204, r.text
+    r = await api.call("GET", org.path("/tickets"), org.owner)
+    assert r.status_code == 200, r.text
+    [ticket] = [t for t in r.json()["items"] if t["number"] == number]
+    assert (ticket["title"], ticket["assigneeId"]) == ("assigned", None)
