@@ -11,7 +11,7 @@ from sqlalchemy import FetchedValue, ForeignKey
 from sqlalchemy.dialects.postgresql import INET, JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from space.db.base import Base, uuid_pk
+from space.db.base import Base, org_key, uuid_pk
 
 
 class AuditAction(enum.StrEnum):
@@ -39,7 +39,7 @@ class AuditEvent(Base):
     __tablename__ = "audit_events"
     id: Mapped[uuid.UUID] = uuid_pk()
     seq: Mapped[int] = mapped_column(server_default=FetchedValue())
-    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    org_id: Mapped[uuid.UUID] = org_key()
     at: Mapped[dt.datetime] = mapped_column(server_default=FetchedValue())
     actor_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("users.id"))
     action: Mapped[str]

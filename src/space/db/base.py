@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
-from sqlalchemy import DateTime, MetaData, Uuid, func
+from sqlalchemy import DateTime, ForeignKey, ForeignKeyConstraint, MetaData, Uuid, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -19,6 +19,18 @@ class Base(DeclarativeBase):
 def uuid_pk() -> Mapped[uuid.UUID]:
     """A UUID primary key made by the application (so the tenant context can be set before insert)."""
     return mapped_column(primary_key=True, default=uuid.uuid4)
+
+
+def org_key() -> Mapped[uuid.UUID]:
+    """A tenant row's `org_id`: the first column of its primary key (SPEC §28, migration 0020), so each org's rows
+    are keyed, made unique and joined together, as an engine distributing them by organization requires."""
+    return mapped_column(ForeignKey("organizations.id"), primary_key=True)
+
+
+def tenant_fk(columns: str, parent: str, ondelete: str | None = None) -> ForeignKeyConstraint:
+    """A foreign key to another tenant table, carrying `org_id` on both sides: `tenant_fk("project_id",
+    "projects")` is `(org_id, project_id) REFERENCES projects (org_id, id)`."""
+    return ForeignKeyConstraint(["org_id", columns], [f"{parent}.org_id", f"{parent}.id"], ondelete=ondelete)
 
 
 def created_at() -> Mapped[dt.datetime]:

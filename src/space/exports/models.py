@@ -11,7 +11,7 @@ from sqlalchemy import ForeignKey
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from space.db.base import Base, created_at, uuid_pk
+from space.db.base import Base, created_at, org_key, tenant_fk, uuid_pk
 
 
 class ExportState(enum.StrEnum):
@@ -40,7 +40,7 @@ class ExportJob(Base):
 
     __tablename__ = "export_jobs"
     id: Mapped[uuid.UUID] = uuid_pk()
-    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    org_id: Mapped[uuid.UUID] = org_key()
     creator_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"))
     kind: Mapped[str]
     state: Mapped[str] = mapped_column(default=ExportState.queued.value)
@@ -71,10 +71,11 @@ class ExportChunk(Base):
     """One piece of an execution's bytes; only the published execution's chunks are ever served."""
 
     __tablename__ = "export_chunks"
-    export_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("export_jobs.id"), primary_key=True)
+    __table_args__ = (tenant_fk("export_id", "export_jobs"),)
+    export_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
     execution_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
     seq: Mapped[int] = mapped_column(primary_key=True)
-    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    org_id: Mapped[uuid.UUID] = org_key()
     data: Mapped[bytes]
     codec: Mapped[str | None]
     """How `data` is packed (migration 0013): None as it is, `lz4` one lz4 frame."""

@@ -11,7 +11,7 @@ from sqlalchemy import ForeignKey
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from space.db.base import Base, created_at, updated_at, uuid_pk
+from space.db.base import Base, created_at, org_key, updated_at, uuid_pk
 
 
 class OrgState(enum.StrEnum):
@@ -59,7 +59,7 @@ class Membership(Base):
 
     __tablename__ = "memberships"
     id: Mapped[uuid.UUID] = uuid_pk()
-    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    org_id: Mapped[uuid.UUID] = org_key()
     user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"))
     role: Mapped[str]
     created_at: Mapped[dt.datetime] = created_at()

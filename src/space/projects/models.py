@@ -5,10 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
-from sqlalchemy import Computed, ForeignKey
+from sqlalchemy import Computed
 from sqlalchemy.orm import Mapped, mapped_column
 
-from space.db.base import Base, created_at, updated_at, uuid_pk
+from space.db.base import Base, created_at, org_key, tenant_fk, updated_at, uuid_pk
 
 
 class Project(Base):
@@ -16,7 +16,7 @@ class Project(Base):
 
     __tablename__ = "projects"
     id: Mapped[uuid.UUID] = uuid_pk()
-    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    org_id: Mapped[uuid.UUID] = org_key()
     name: Mapped[str]
     version: Mapped[int] = mapped_column(default=1)
     deleted_at: Mapped[dt.datetime | None]
@@ -28,9 +28,10 @@ class Task(Base):
     """A task of a project."""
 
     __tablename__ = "tasks"
+    __table_args__ = (tenant_fk("project_id", "projects"),)
     id: Mapped[uuid.UUID] = uuid_pk()
-    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
-    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id"))
+    org_id: Mapped[uuid.UUID] = org_key()
+    project_id: Mapped[uuid.UUID]
     title: Mapped[str]
     # Migration 0014: the title holds no byte a JSON string escapes, so the snapshot writes it as it is stored.
     title_plain: Mapped[bool] = mapped_column(Computed(r"""title !~ '[\x01-\x1f"\\]'""", persisted=True), deferred=True)

@@ -8,22 +8,23 @@ import uuid
 from sqlalchemy import Computed, ForeignKey
 from sqlalchemy.orm import Mapped, mapped_column
 
-from space.db.base import Base, created_at, updated_at, uuid_pk
+from space.db.base import Base, created_at, org_key, tenant_fk, updated_at, uuid_pk
 
 
 class Ticket(Base):
     """A ticket; `creator_id` is a user id, `assignee_id` a membership id."""
 
     __tablename__ = "tickets"
+    __table_args__ = (tenant_fk("assignee_id", "memberships", ondelete="SET NULL"),)
     id: Mapped[uuid.UUID] = uuid_pk()
-    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    org_id: Mapped[uuid.UUID] = org_key()
     number: Mapped[int]
     title: Mapped[str]
     body: Mapped[str] = mapped_column(default="")
     status: Mapped[str] = mapped_column(default="open")
     priority: Mapped[str] = mapped_column(default="normal")
     creator_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"))
-    assignee_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("memberships.id"))
+    assignee_id: Mapped[uuid.UUID | None]
     created_at: Mapped[dt.datetime] = created_at()
     updated_at: Mapped[dt.datetime] = updated_at()
     # The CSV export's text, kept by PostgreSQL on every write (migration 0004); only the export reads them.

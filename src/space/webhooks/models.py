@@ -10,7 +10,7 @@ from sqlalchemy import ForeignKey, Text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Mapped, mapped_column
 
-from space.db.base import Base, created_at, uuid_pk
+from space.db.base import Base, created_at, org_key, tenant_fk, uuid_pk
 from space.outbox import Owed
 
 
@@ -27,7 +27,7 @@ class WebhookEndpoint(Base):
 
     __tablename__ = "webhook_endpoints"
     id: Mapped[uuid.UUID] = uuid_pk()
-    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
+    org_id: Mapped[uuid.UUID] = org_key()
     url: Mapped[str]
     events: Mapped[list[str]] = mapped_column(ARRAY(Text))
     secret: Mapped[str]
@@ -40,9 +40,10 @@ class WebhookDelivery(Owed, Base):
     lease); `body` is the exact payload signed and sent at every attempt."""
 
     __tablename__ = "webhook_deliveries"
+    __table_args__ = (tenant_fk("endpoint_id", "webhook_endpoints", ondelete="CASCADE"),)
     id: Mapped[uuid.UUID] = uuid_pk()
-    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
-    endpoint_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    org_id: Mapped[uuid.UUID] = org_key()
+    endpoint_id: Mapped[uuid.UUID]
     event_id: Mapped[uuid.UUID]
     event_type: Mapped[str]
     body: Mapped[str]
@@ -53,10 +54,14 @@ class WebhookAttempt(Base):
     """One HTTP attempt of a delivery: the deliveries log."""
 
     __tablename__ = "webhook_attempts"
+    __table_args__ = (
+        tenant_fk("endpoint_id", "webhook_endpoints", ondelete="CASCADE"),
+        tenant_fk("delivery_id", "webhook_deliveries", ondelete="CASCADE"),
+    )
     id: Mapped[uuid.UUID] = uuid_pk()
-    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"))
-    endpoint_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
-    delivery_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"))
+    org_id: Mapped[uuid.UUID] = org_key()
+    endpoint_id: Mapped[uuid.UUID]
+    delivery_id: Mapped[uuid.UUID]
     attempt: Mapped[int]
     at: Mapped[dt.datetime] = created_at()
     status: Mapped[str]
