@@ -5,6 +5,7 @@ that hold every committed change exactly once, checked against the database's fi
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from typing import Any
 
@@ -111,6 +112,10 @@ async def test_due_schedule_runs_once_after_an_outage_even_with_two_workers(
     for _ in range(3):
         r = await api.call("POST", org.path("/exports"), org.admin, json={"kind": "snapshot"})
         assert r.status_code == 202, r.text
+    # Deleting the schedule leaves its runs, no longer naming it.
+    assert (await api.call("DELETE", org.path(f"/schedules/{s['id']}"), org.owner)).status_code == 204
+    export = (await api.call("GET", org.path(f"/exports/{runs[0][0]}"), org.admin)).json()
+    assert export["scheduleId"] is None and export["state"] == "completed"
 
 
 async def _notified(db: Database, org: Org, schedule_id: str) -> set[uuid.UUID]:
@@ -240,23 +245,34 @@ async def test_incremental_runs_hold_every_committed_change_exactly_once(
 
 
 async def test_incremental_snapshot_lists_changes_and_deletions(
-    api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any]
+    api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any], owner_url: str
 ) -> None:
-    import json
-
     org = await api.org()
     keep = await add_project(db, org.id, "keep", ["k1"])
     gone = await add_project(db, org.id, "gone", ["g1", "g2"])
+    late = await add_project(db, org.id, "late", ["l1"])
     s = await _schedule(api, org, {"kind": "snapshot", "every": "day", "incremental": True})
     _, body1 = await _run(api, db, settings, owner, org, s["id"])
     doc1 = json.loads(body1)
-    assert len(doc1["projects"]) == 2 and len(doc1["tasks"]) == 3 and "deleted" not in doc1
-    assert (await api.call("DELETE", org.path(f"/projects/{gone}"), org.owner)).status_code == 204
-    new = await add_project(db, org.id, "new", ["n1"])
-    _, body2 = await _run(api, db, settings, owner, org, s["id"])
+    assert len(doc1["projects"]) == 3 and len(doc1["tasks"]) == 4 and "deleted" not in doc1
+    tasks_of = {p: sorted(t["id"] for t in doc1["tasks"] if t["projectId"] == str(p)) for p in (gone, late)}
+    # A deletion in a transaction that begins before run 2's snapshot and commits after run 2.
+    held = await psycopg.AsyncConnection.connect(owner_url)
+    try:
+        await held.execute("UPDATE projects SET deleted_at = now() WHERE org_id = %s AND id = %s", (org.id, late))
+        assert (await api.call("DELETE", org.path(f"/projects/{gone}"), org.owner)).status_code == 204
+        new = await add_project(db, org.id, "new", ["n1"])
+        second, body2 = await _run(api, db, settings, owner, org, s["id"])
+        await held.commit()
+    finally:
+        await held.close()
     doc2 = json.loads(body2)
     assert [p["id"] for p in doc2["projects"]] == [str(new)]
     assert [t["title"] for t in doc2["tasks"]] == ["n1"]
-    assert doc2["deleted"]["projects"] == [str(gone)]
-    assert sorted(doc2["deleted"]["tasks"]) == sorted(t["id"] for t in doc1["tasks"] if t["projectId"] == str(gone))
-    assert str(keep) not in body2.decode()
+    assert doc2["deleted"] == {"projects": [str(gone)], "tasks": tasks_of[gone]}
+    assert str(keep) not in body2.decode() and str(late) not in body2.decode()
+    third, body3 = await _run(api, db, settings, owner, org, s["id"])
+    doc3 = json.loads(body3)
+    assert (doc3["projects"], doc3["tasks"]) == ([], [])
+    assert doc3["deleted"] == {"projects": [str(late)], "tasks": tasks_of[late]}
+    assert (third["since"], third["sinceExportId"]) == (second["snapshotAt"], second["id"])
