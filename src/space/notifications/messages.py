@@ -72,6 +72,8 @@ def place(public_base: str, letter: Letter) -> str:
     """Where in the page the email leads: the export (`#/orgs/<orgId>/exports/<exportId>`), else the org."""
     if letter.export_id is not None:
         return f"{public_base}/#/orgs/{letter.org_id}/exports/{letter.export_id}"
+    if letter.type is NotificationType.schedule_paused:
+        return f"{public_base}/#/orgs/{letter.org_id}/settings"
     return f"{public_base}/#/orgs/{letter.org_id}"
 
 

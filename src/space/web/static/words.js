@@ -201,6 +201,7 @@ export const EMAIL_TYPES = {
   "export.failed": "An export of mine failed",
   "export.cancelled": "An export of mine was cancelled by someone else",
   "org.deletion_requested": "An organization I own is to be deleted",
+  "schedule.paused": "A schedule I made, or one in an organization I own, was paused",
 };
 
 /** The notifications control's name for screen readers: the count is in it, the badge is only seen. */
