@@ -276,3 +276,27 @@ async def test_incremental_snapshot_lists_changes_and_deletions(
     assert (doc3["projects"], doc3["tasks"]) == ([], [])
     assert doc3["deleted"] == {"projects": [str(late)], "tasks": tasks_of[late]}
     assert (third["since"], third["sinceExportId"]) == (second["snapshotAt"], second["id"])
+
+
+async def test_incremental_workbook_holds_only_the_changed_tickets(
+    api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any]
+) -> None:
+    import io
+
+    import openpyxl
+
+    org = await api.org()
+    numbers = await add_tickets(db, org.id, org.member, ["a", "b", "c"])
+    s = await _schedule(api, org, {"kind": "tickets_xlsx", "every": "week", "incremental": True})
+    _, book1 = await _run(api, db, settings, owner, org, s["id"])
+    r = await api.call("PATCH", org.path(f"/tickets/{numbers[1]}"), org.member, json={"status": "solved"})
+    assert r.status_code == 200, r.text
+    second, book2 = await _run(api, db, settings, owner, org, s["id"])
+
+    def rows(data: bytes) -> list[tuple[Any, ...]]:
+        sheet = openpyxl.load_workbook(io.BytesIO(data), read_only=True)["Tickets"]
+        return [tuple(row) for row in sheet.iter_rows(min_row=2, values_only=True)]
+
+    assert [row[0] for row in rows(book1)] == numbers
+    assert [(row[0], row[1], row[2]) for row in rows(book2)] == [(numbers[1], "b", "solved")]
+    assert second["rowCount"] == 1 and second["sinceExportId"] is not None
