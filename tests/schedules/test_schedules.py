@@ -300,3 +300,33 @@ async def test_incremental_workbook_holds_only_the_changed_tickets(
     assert [row[0] for row in rows(book1)] == numbers
     assert [(row[0], row[1], row[2]) for row in rows(book2)] == [(numbers[1], "b", "solved")]
     assert second["rowCount"] == 1 and second["sinceExportId"] is not None
+
+
+async def test_the_real_worker_makes_and_completes_a_due_run(
+    api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any]
+) -> None:
+    """The cron as the worker registers it (every minute, on the export lane), then the run on the same worker."""
+    import contextlib
+
+    from space.worker import run_worker
+    from tests.exports.fixtures import wait_for
+
+    org = await api.org()
+    s = await _schedule(api, org, {"kind": "snapshot", "every": "hour"})
+    await _make_due(owner, s["id"])
+    started = asyncio.Event()
+    worker = asyncio.create_task(run_worker(settings, started=started))
+    try:
+        await asyncio.wait_for(started.wait(), 30)
+
+        async def completed() -> list[Any] | None:
+            runs = await _runs(db, org, s["id"])
+            return runs if runs and runs[0][1] == "completed" else None
+
+        # The cron ticks once a minute: the wait allows two ticks.
+        runs = await wait_for(completed, "the schedule's run completed by the worker", within=150)
+        assert len(runs) == 1
+    finally:
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(worker, 30)
