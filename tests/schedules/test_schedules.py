@@ -302,6 +302,7 @@ async def test_incremental_workbook_holds_only_the_changed_tickets(
     assert second["rowCount"] == 1 and second["sinceExportId"] is not None
 
 
+@pytest.mark.slow
 async def test_the_real_worker_makes_and_completes_a_due_run(
     api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any]
 ) -> None:
