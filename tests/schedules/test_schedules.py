@@ -331,3 +331,20 @@ async def test_the_real_worker_makes_and_completes_a_due_run(
         worker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(worker, 30)
+
+
+async def test_a_run_after_a_restore_is_complete(
+    api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any]
+) -> None:
+    """A restored database is another database (another oid): the snapshots recorded before mean nothing there,
+    so the next run holds everything again, and the one after it continues from that run (decision 0095)."""
+    org = await api.org()
+    await add_tickets(db, org.id, org.member, ["a", "b"])
+    s = await _schedule(api, org, {"kind": "tickets_csv", "every": "hour", "incremental": True})
+    first, _ = await _run(api, db, settings, owner, org, s["id"])
+    # What a pg_restore into a new database leaves: the recorded run names the database it was made in.
+    owner.execute("UPDATE export_jobs SET xact_database = 1 WHERE id = %s", (first["id"],))
+    second, body2 = await _run(api, db, settings, owner, org, s["id"])
+    assert second["since"] is None and len(_versions(body2)) == 2
+    third, body3 = await _run(api, db, settings, owner, org, s["id"])
+    assert third["sinceExportId"] == second["id"] and _versions(body3) == []
