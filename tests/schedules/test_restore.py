@@ -31,7 +31,7 @@ async def _next_run(api: Api, db: Database, settings: Any, url: str, org: Org, s
         conn.execute("UPDATE schedules SET next_run_at = now() - interval '1 hour' WHERE id = %s", (sid,))
     await run_due(settings, db, None)
     async with UnitOfWork(db.sessionmaker, Tenant(org_id=uuid.UUID(org.id))) as uow:
-        export_id = await uow.session.scalar(select_last(), {"o": org.id, "s": sid})
+        export_id = await uow.session.scalar(LAST_RUN, {"o": org.id, "s": sid})
     assert await run_export(runner(settings, db), export_id, uuid.UUID(org.id)) == "completed"
     export = (await api.call("GET", org.path(f"/exports/{export_id}"), org.owner)).json()
     body = (await download(api, org, org.owner, str(export_id))).content
