@@ -1,4 +1,4 @@
-"""An incremental schedule across `pg_dump`/`pg_restore` (SPEC §14, §21; decision 0095): the restored database
+"""An incremental schedule across `pg_dump`/`pg_restore` (SPEC §14, §21; decision 0096): the restored database
 has its own xid history, so the snapshots recorded before mean nothing there. Its next run is complete, and the
 one after continues from that run."""
 

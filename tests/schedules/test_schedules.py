@@ -337,7 +337,7 @@ async def test_a_run_after_a_restore_is_complete(
     api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any]
 ) -> None:
     """A restored database is another database (another oid): the snapshots recorded before mean nothing there,
-    so the next run holds everything again, and the one after it continues from that run (decision 0095)."""
+    so the next run holds everything again, and the one after it continues from that run (decision 0096)."""
     org = await api.org()
     await add_tickets(db, org.id, org.member, ["a", "b"])
     s = await _schedule(api, org, {"kind": "tickets_csv", "every": "hour", "incremental": True})

@@ -1,7 +1,7 @@
 """Incremental runs (SPEC §21), built on the database's own snapshots, never on timestamps.
 
 Every row of tickets, projects and tasks carries `row_xid`, the id of the transaction that last wrote it (a
-trigger, migration 0020). An incremental run records the snapshot it read (`pg_current_snapshot()` inside its
+trigger, migration 0021). An incremental run records the snapshot it read (`pg_current_snapshot()` inside its
 REPEATABLE READ transaction). The next run reads the rows whose `row_xid` that snapshot did not see,
 `NOT pg_visible_in_snapshot(row_xid, previous)`, and that its own snapshot sees (its transaction decides).
 A row committed while the previous run read, or by a transaction held open across the boundary, is invisible
@@ -11,7 +11,7 @@ Every xid the previous snapshot did not see is at least its `xmin`, so `row_xid 
 `(org_id, row_xid)` index serves it: a run over a million rows of which a thousand changed reads about those.
 `xid8` is 64 bits (epoch and xid), so it never wraps; a run's recorded snapshot stays comparable for as long as
 the database lives. A database restored from a dump is another database (another oid, its own xid counter):
-the snapshots recorded before it mean nothing there, so the first run after a restore is complete (decision 0095).
+the snapshots recorded before it mean nothing there, so the first run after a restore is complete (decision 0096).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Since:
     snapshot: str
 
     def changed(self, row_xid: Any) -> ColumnElement[bool]:
-        """Rows the previous run's snapshot did not see (rows written before migration 0020 have none: seen)."""
+        """Rows the previous run's snapshot did not see (rows written before migration 0021 have none: seen)."""
         snap = sql_cast(literal(self.snapshot, Text), PgSnapshot())
         return and_(row_xid >= func.pg_snapshot_xmin(snap), ~func.pg_visible_in_snapshot(row_xid, snap))
 

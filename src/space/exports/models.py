@@ -67,7 +67,7 @@ class ExportJob(Base):
     byte_size: Mapped[int | None]
     sha256: Mapped[str | None]
     schedule_id: Mapped[uuid.UUID | None]
-    """The schedule that made this export (SPEC §21; migration 0020), or None: a person asked for it."""
+    """The schedule that made this export (SPEC §21; migration 0021), or None: a person asked for it."""
     incremental: Mapped[bool] = mapped_column(default=False)
     """Holds only what changed since the schedule's previous successful run (`since`, `since_export_id`)."""
     since: Mapped[dt.datetime | None]

@@ -1,4 +1,4 @@
-"""PostgreSQL's `pg_snapshot` as a column type (an incremental run's recorded snapshot, migration 0020)."""
+"""PostgreSQL's `pg_snapshot` as a column type (an incremental run's recorded snapshot, migration 0021)."""
 
 from __future__ import annotations
 

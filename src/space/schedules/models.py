@@ -1,4 +1,4 @@
-"""A schedule: one org's recurring export request and its state (migration 0020)."""
+"""A schedule: one org's recurring export request and its state (migration 0021)."""
 
 from __future__ import annotations
 

@@ -10,20 +10,20 @@
 - `export_jobs` gains `schedule_id` (foreign key `(org_id, schedule_id)`, set null when the schedule goes),
   `incremental`, `since`, `since_export_id`, and the run's own database snapshot (`xact_snapshot`, a
   `pg_snapshot`, with `xact_database`, the database's oid, so a run after a pg_restore is complete: decision
-  0095). The per-user rate limit function no longer counts schedule runs (§21).
+  0096). The per-user rate limit function no longer counts schedule runs (§21).
 - `tickets`, `projects`, `tasks` gain `row_xid xid8`: the id of the transaction that last wrote the row, set by
   a BEFORE INSERT OR UPDATE trigger, with an index `(org_id, row_xid)`, so an incremental run reads the rows no
   earlier snapshot saw. Rows written before this migration keep NULL: every snapshot taken since sees them.
 
-Revision ID: 0020
-Revises: 0019
+Revision ID: 0021
+Revises: 0020
 Create Date: 2026-12-04
 """
 
 from alembic import op
 
-revision = "0020"
-down_revision = "0019"
+revision = "0021"
+down_revision = "0020"
 branch_labels = None
 depends_on = None
 
