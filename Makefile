@@ -52,6 +52,7 @@ test-spreadsheet: install
 
 bench: install
 	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.incremental
 
 clean:
 	rm -rf $(VENV) .space .pytest_cache .mypy_cache .ruff_cache

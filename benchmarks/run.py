@@ -44,6 +44,10 @@ Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a
 10. workbooks (SPEC §20, §24): `tickets_xlsx_100k` and `tickets_xlsx_1m` run with the cases of step 2, each beside
    the tickets CSV's COPY of the same rows. `--phases xlsx` runs only these two (orgs of tickets only, no tasks;
    with `--tickets` equal to `--small-tickets`, the one case), lines also in results/xlsx.json.
+11. incremental runs (SPEC §21, §24): `make bench` then runs `benchmarks.incremental` (also `--only incremental`)
+   on a database of its own: a schedule's complete first run over `--tickets` tickets (the full export), then
+   1,000 of them changed and its incremental run, both through the real pipeline in one process. Line
+   `case=incremental_1m ... ratio=...` (target under 0.05), also in results/incremental.json.
 
 `--phases` picks some of them (`cases,links,fairness,downloads,up,scaling,s3,wide,xlsx`; default: all).
 
@@ -52,7 +56,7 @@ Prints one line per case (and the fairness line) on stdout and writes them to be
 results/status_latency.json; workers_scaling: results/workers_scaling.json).
 
     python -m benchmarks.run [--tickets 1000000] [--small-tickets 100000] [--tasks 1000000]
-                             [--scaling-orgs 8] [--scaling-tickets 500000] [--only workers_scaling]
+                             [--scaling-orgs 8] [--scaling-tickets 500000] [--only workers_scaling|incremental]
 """
 
 from __future__ import annotations
@@ -1056,7 +1060,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", type=int, default=1_000_000, help="tasks in the snapshot (1000000)")
     parser.add_argument("--scaling-orgs", type=int, default=8, help="orgs (one export each) of workers_scaling (8)")
     parser.add_argument("--scaling-tickets", type=int, default=500_000, help="tickets per workers_scaling org (500000)")
-    parser.add_argument("--only", choices=["workers_scaling"], help="run only this case")
+    parser.add_argument("--only", choices=["workers_scaling", "incremental"], help="run only this case")
     parser.add_argument("--links-only", action="store_true", help="only the link-download case (results/links.json)")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"some of {','.join(PHASES)} (all)")
     args = parser.parse_args(argv)
@@ -1068,6 +1072,12 @@ def main(argv: list[str] | None = None) -> None:
         links = asyncio.run(run_links(args.tickets))
         print(" ".join(f"{k}={_fmt(v)}" for k, v in links.items()))
         (RESULTS / "links.json").write_text(json.dumps(links, indent=2) + "\n")
+        return
+    if args.only == "incremental":
+        # SPEC §21, §24: a schedule's complete run over --tickets, then 1,000 changed and its incremental run.
+        from benchmarks.incremental import main as incremental
+
+        incremental(["--tickets", str(args.tickets), "--changed", "1000"])
         return
     if args.only == "workers_scaling":
         scaled = asyncio.run(run_scaling_only(args.scaling_orgs, args.scaling_tickets))

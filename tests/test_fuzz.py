@@ -230,6 +230,7 @@ async def test_every_route_rejects_a_missing_or_unknown_token(
         "number": str(a.numbers[0]),
         "webhook_id": str(uuid.uuid4()),
         "notification_id": str(uuid.uuid4()),
+        "schedule_id": str(uuid.uuid4()),
     }
     checked = []
     for path, ops in doc["paths"].items():

@@ -47,6 +47,11 @@ MAX_EXAMPLES = 3
 REFUSED_BY_RULE = {
     ("POST", "/orgs/{org_id}/deletion"): "`confirm` must be the org's name (SPEC §3), which no schema can say",
     ("POST", "/orgs/{org_id}/webhooks"): "`url` must be https, or http to a public host, once resolved (SPEC §12)",
+    ("POST", "/orgs/{org_id}/schedules"): (
+        "`at` is for day and week, `weekday` for week, `filters` those of the kind's export request, and an archive is"
+        " never incremental (SPEC §21)"
+    ),
+    ("PATCH", "/orgs/{org_id}/schedules/{schedule_id}"): "`at` is for day and week, `weekday` for week (SPEC §21)",
     ("GET", "/orgs/{org_id}/audit"): "`before` is an opaque cursor that only this org's trail made (SPEC §12)",
     ("GET", "/orgs/{org_id}/exports"): "`before` is an opaque cursor that only this org's export list made (SPEC §27)",
     ("GET", "/me/notifications"): "`before` is an opaque cursor that only the caller's own list made (SPEC §19)",

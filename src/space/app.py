@@ -26,6 +26,7 @@ from space.orgs.routes import router as orgs_router
 from space.problems import EXCEPTION_HANDLERS, refuse_unreadable_paths
 from space.projects.routes import router as projects_router
 from space.queue import open_outbound_queue, open_queue
+from space.schedules.routes import ScheduleController
 from space.system import health, me, metrics_text, ready
 from space.tickets.routes import router as tickets_router
 from space.web.routes import router as web_router
@@ -109,6 +110,7 @@ def create_app(settings: Settings) -> Litestar:
             snapshot_schema_route,
             manifest_schema_route,
             WebhookController,
+            ScheduleController,
             web_router,
         ],
         dependencies=DEPENDENCIES,

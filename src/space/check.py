@@ -61,6 +61,7 @@ MAINTENANCE_FUNCTIONS: dict[str, str | None] = {
     "space_webhooks_due_deliveries(integer, interval)": "space_webhooks_due_deliveries(0)",
     "space_notifications_due_emails(integer, interval)": "space_notifications_due_emails(0)",
     "space_exports_queue_stats()": "space_exports_queue_stats()",
+    "space_schedules_due(integer)": "space_schedules_due(0)",
     # With no tenant context it answers an empty array without reading a row.
     "space_ticket_search(text, integer)": "space_ticket_search('', 0)",
     # Counts a user that has no exports; the setting it names for its policy is local to the call.
@@ -77,6 +78,7 @@ OWN_POLICY = {
     "space_audit_purge(uuid, integer)": ("audit_events", "purge_audit"),
     "space_ticket_search(text, integer)": ("tickets", "search_tickets"),
     "space_exports_user_usage(uuid, interval)": ("export_jobs", "limits_user_usage"),
+    "space_schedules_due(integer)": ("schedules", "maintenance_schedules"),
 }
 
 

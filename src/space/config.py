@@ -97,6 +97,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """TCP port of `space worker`'s Prometheus endpoint (/metrics); 0 serves none."""
     webhooks_per_org: PositiveInt = 10
     """Webhook endpoints one org may register; beyond it, 409 webhook_limit_reached."""
+    schedules_per_org: PositiveInt = 20
+    """Schedules one org may have (SPEC §21); beyond it, 409 schedule_limit_reached."""
     link_rate_limit: PositiveInt = 60
     """Download links one user may mint per minute (over all orgs); beyond it, 429 rate_limited."""
     archive_row_limit: PositiveInt = 20_000_000
@@ -167,6 +169,7 @@ ENV_VARS: dict[str, str] = {
     "SPACE_WEBHOOK_ALLOW_PRIVATE": "webhook_allow_private",
     "SPACE_WEBHOOK_RETRY_SECONDS": "webhook_retry_seconds",
     "SPACE_WEBHOOKS_PER_ORG": "webhooks_per_org",
+    "SPACE_SCHEDULES_PER_ORG": "schedules_per_org",
     "SPACE_LINK_RATE_LIMIT": "link_rate_limit",
     "SPACE_ARCHIVE_ROW_LIMIT": "archive_row_limit",
     "SPACE_ARCHIVE_BYTE_LIMIT": "archive_byte_limit",

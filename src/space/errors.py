@@ -92,6 +92,10 @@ class WebhookLimitReached(Conflict):
     code, title = "webhook_limit_reached", "Too many webhook endpoints"
 
 
+class ScheduleLimitReached(Conflict):
+    code, title = "schedule_limit_reached", "Too many schedules"
+
+
 class ExportQuotaExceeded(Conflict):
     code, title = "export_quota_exceeded", "Stored exports use the organization's quota"
 

@@ -37,6 +37,7 @@ from space.notifications.outbox import SEND_EMAIL
 from space.observability.metrics import WorkerMetricsServer
 from space.orgs.jobs import purge_due_job
 from space.queue import PutBack, QueueIdentity, guarded, make_queue, queue_identity
+from space.schedules.jobs import run_due_schedules_job
 from space.webhooks.jobs import deliver_webhook_job, sweep_webhooks_job
 from space.webhooks.outbox import DELIVER_WEBHOOK
 
@@ -215,6 +216,7 @@ def _export_worker(
         CronJob(guarded(reconcile_exports_job), cron=every(cadence), timeout=60),
         CronJob(guarded(cleanup_exports_job), cron=EVERY_FIVE_MINUTES, timeout=300),
         CronJob(guarded(purge_due_job), cron=EVERY_MINUTE, timeout=300),
+        CronJob(guarded(run_due_schedules_job), cron=EVERY_MINUTE, timeout=60),
     ]
     return Worker(
         queue,

@@ -100,7 +100,12 @@ async def test_create_answers(api: Api, users: UserFactory) -> None:
         "byteSize",
         "sha256",
         "canDownload",
+        # SPEC §21: the schedule that made it, and an incremental run's start (none here).
+        "scheduleId",
+        "since",
+        "sinceExportId",
     }
+    assert (export["scheduleId"], export["since"], export["sinceExportId"]) == (None, None, None)
     export = await create_export(api, org, org.member, SNAPSHOT)
     assert export["scope"] == "team" and export["filters"] == {}
 

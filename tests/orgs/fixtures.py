@@ -63,6 +63,9 @@ async def seed(api: Api, db: Database, settings: Settings, org: Org, *, projects
     assert await deliver(local, db, None, delivery_id, oid) == "retrying"
     await insert_export(db, org.id, org.owner.id, chunks=3)
     await insert_export(db, org.id, org.member.id, kind="tickets_csv", chunks=2)
+    # A schedule (SPEC §21), the org's too.
+    r = await api.call("POST", org.path("/schedules"), org.owner, json={"kind": "snapshot", "every": "day"})
+    assert r.status_code == 201, r.text
 
 
 async def request_deletion(api: Api, org: Org) -> dict[str, Any]:

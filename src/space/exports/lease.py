@@ -25,6 +25,7 @@ from space.db import Database, Tenant, UnitOfWork
 from space.db.locks import lock_org_claims
 from space.exports import ledger, outcomes
 from space.exports.failures import Deferred, LeaseLost
+from space.exports.increments import Since, Xact
 from space.exports.ledger import Fence
 from space.exports.models import ExportScope
 from space.exports.storage.protocol import ResultKey
@@ -44,6 +45,8 @@ class Built:
     byte_size: int
     sha256: str
     snapshot_at: dt.datetime
+    xact: Xact | None = None
+    """An incremental run's own snapshot, recorded for the next one, and the run it continued (None: not one)."""
 
 
 @dataclass(eq=False)
@@ -61,6 +64,11 @@ class Lease:
     creator_id: uuid.UUID
     filters: dict[str, Any]
     delimiter: str
+    schedule_id: uuid.UUID | None = None
+    """The schedule that made the export (its creator must still be an owner or admin, SPEC §21)."""
+    incremental: bool = False
+    since: Since | None = None
+    """Set by the build, inside its snapshot: the previous run an incremental run continues from."""
     queue: Queue | None = field(default=None, repr=False)
     """Where the jobs its outcome owes are enqueued after the commit (None: their sweepers send them)."""
     _heartbeat: Heartbeat | None = field(default=None, repr=False)
@@ -116,6 +124,8 @@ class Lease:
             creator_id=row.creator_id,
             filters=dict(row.filters or {}),
             delimiter=row.delimiter,
+            schedule_id=row.schedule_id,
+            incremental=row.incremental,
             queue=queue,
         )
 
@@ -176,6 +186,7 @@ class Lease:
                 byte_size=built.byte_size,
                 sha256=built.sha256,
             ),
+            **(built.xact.columns() if built.xact is not None else {}),
         )
         outcome = outcomes.completed(
             self.export_id, self.org_id, self.kind, row_count=built.row_count, byte_size=built.byte_size

@@ -77,11 +77,31 @@ async def usage(session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID) ->
             ).where(
                 ExportJob.org_id == org_id,
                 ExportJob.creator_id == user_id,
+                # A schedule's runs are not the creator's requests (SPEC §21).
+                ExportJob.schedule_id.is_(None),
                 or_(active, ExportJob.created_at > now - _MINUTE),
             )
         )
     ).one()
     return Usage(counted=row.n, active=row.active, frees_in=None if row.wait is None else float(row.wait))
+
+
+async def schedule_active(session: AsyncSession, org_id: uuid.UUID, schedule_id: uuid.UUID) -> bool:
+    """Whether a run of the schedule is still queued or running."""
+    found = await session.scalar(
+        select(ExportJob.id)
+        .where(ExportJob.org_id == org_id, ExportJob.schedule_id == schedule_id, ExportJob.state.in_(ACTIVE))
+        .limit(1)
+    )
+    return found is not None
+
+
+async def schedule_of(session: AsyncSession, org_id: uuid.UUID, export_id: uuid.UUID) -> uuid.UUID | None:
+    """The schedule that made the export, if one did."""
+    found: uuid.UUID | None = await session.scalar(
+        select(ExportJob.schedule_id).where(ExportJob.org_id == org_id, ExportJob.id == export_id)
+    )
+    return found
 
 
 async def active(session: AsyncSession, org_id: uuid.UUID) -> int:
@@ -349,6 +369,8 @@ async def claim(
                 ExportJob.creator_id,
                 ExportJob.filters,
                 ExportJob.delimiter,
+                ExportJob.schedule_id,
+                ExportJob.incremental,
             )
             .execution_options(synchronize_session=False)
         )

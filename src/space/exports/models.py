@@ -12,6 +12,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from space.db.base import Base, created_at, org_key, tenant_fk, uuid_pk
+from space.exports.snapshots import PgSnapshot
 
 
 class ExportState(enum.StrEnum):
@@ -65,6 +66,16 @@ class ExportJob(Base):
     row_count: Mapped[int | None]
     byte_size: Mapped[int | None]
     sha256: Mapped[str | None]
+    schedule_id: Mapped[uuid.UUID | None]
+    """The schedule that made this export (SPEC §21; migration 0021), or None: a person asked for it."""
+    incremental: Mapped[bool] = mapped_column(default=False)
+    """Holds only what changed since the schedule's previous successful run (`since`, `since_export_id`)."""
+    since: Mapped[dt.datetime | None]
+    since_export_id: Mapped[uuid.UUID | None]
+    xact_snapshot: Mapped[str | None] = mapped_column(PgSnapshot())
+    """The database snapshot the run read (`pg_snapshot`, as text): where the next incremental run begins."""
+    xact_database: Mapped[int | None]
+    """The oid of the database that snapshot belongs to (a restored database has another: its next run is complete)."""
 
 
 class ExportChunk(Base):

@@ -29,6 +29,7 @@ from space.exports import ledger
 from space.exports.models import ExportState
 from space.notifications import service as notifications
 from space.notifications.models import NotificationType
+from space.schedules import runs as schedule_runs
 from space.webhooks import service as webhooks
 from space.webhooks.models import EventType
 from space.webhooks.schemas import EventData
@@ -166,5 +167,23 @@ async def _notifications(uow: UnitOfWork, queue: Queue | None, outcome: Outcome)
     )
 
 
-CHANNELS: tuple[Channel, ...] = (_webhooks, _notifications)
+async def _schedule(uow: UnitOfWork, queue: Queue | None, outcome: Outcome) -> None:
+    # SPEC §21: a schedule counts its runs' failures and pauses after three, or at once on access_revoked. A run
+    # cancelled by a person is neither a success nor a failure of the schedule.
+    if outcome.state is ExportState.cancelled:
+        return
+    schedule_id = await ledger.schedule_of(uow.session, outcome.org_id, outcome.export_id)
+    if schedule_id is None:
+        return
+    await schedule_runs.run_ended(
+        uow,
+        queue,
+        outcome.org_id,
+        schedule_id,
+        completed=outcome.state is ExportState.completed,
+        error_code=outcome.error_code,
+    )
+
+
+CHANNELS: tuple[Channel, ...] = (_webhooks, _notifications, _schedule)
 """Every outbound channel, in the order they are told. Destinations (§22) go here."""

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork, server_version
 from space.errors import NotFound
-from space.exports import ledger
+from space.exports import increments, ledger
 from space.exports.failures import Deferred, ExportFailure, LeaseLost
 from space.exports.formats.base import Batch, Format
 from space.exports.formats.registry import KINDS, ExportKind
@@ -153,6 +153,9 @@ async def check(session: AsyncSession, lease: Lease, org_state: str | None) -> u
         raise ExportFailure("access_revoked", "The export's owner is no longer a member.")
     if lease.scope is ExportScope.team and not Role(membership.role).is_staff:
         raise ExportFailure("access_revoked", "The export's owner no longer has a staff role.")
+    if lease.schedule_id is not None and Role(membership.role) not in orgs.MANAGERS:
+        # SPEC §21: a schedule is an owner's or admin's; its runs stop with its creator's role.
+        raise ExportFailure("access_revoked", "The schedule's creator is no longer an owner or admin.")
     return membership.id
 
 
@@ -176,11 +179,16 @@ async def build(runner: ExportRunner, lease: Lease, gate: Gate = _open) -> Built
             await _not_pooled(uow.session)
             # now() is the transaction's start: the moment the snapshot stands for.
             snapshot_at: dt.datetime = (await uow.session.execute(select(func.now()))).scalar_one()
+            xact = None
+            if lease.incremental:
+                # The run's own snapshot (kept for the next run) and the previous run's, which bounds this one.
+                xact = await increments.begin(uow.session, lease.org_id, lease.schedule_id, lease.export_id)
+                lease.since = xact.since
             source = await _format(uow.session, lease, membership_id)
             counts = await source.count(uow.session)
             limits.check_rows(counts)
             total = sum(counts.values())
-            await _prefer_keyset_plans(uow.session)
+            await _prefer_keyset_plans(uow.session, incremental=lease.since is not None)
             await gate("counted", lease)
             await out.write(source.header(snapshot_at))
             # The snapshot's backend reads the next batches while this task stores and reports the current one.
@@ -218,7 +226,7 @@ async def build(runner: ExportRunner, lease: Lease, gate: Gate = _open) -> Built
         if isinstance(cause, (psycopg.errors.QueryCanceled, psycopg.errors.TransactionTimeout)):
             raise limits.timed_out() from None
         raise
-    return Built(row_count=rows, byte_size=out.total, sha256=out.sha256, snapshot_at=snapshot_at)
+    return Built(row_count=rows, byte_size=out.total, sha256=out.sha256, snapshot_at=snapshot_at, xact=xact)
 
 
 async def publish(runner: ExportRunner, lease: Lease, built: Built, gate: Gate = _open) -> str:
@@ -299,11 +307,20 @@ async def _not_pooled(session: AsyncSession) -> None:
     await connection.run_sync(lambda sync: sync.detach())
 
 
-async def _prefer_keyset_plans(session: AsyncSession) -> None:
+async def _prefer_keyset_plans(session: AsyncSession, *, incremental: bool = False) -> None:
     # The RLS predicates defeat the planner's row estimates (it believes a handful of rows match), so for
     # every batch it would scan and sort the whole remainder: quadratic in the rows. A keyset batch is best
     # served by walking the (org_id, key) index in order and stopping at the LIMIT, which these settings
-    # make it choose. Small batches gain nothing from parallel workers.
+    # make it choose. Small batches gain nothing from parallel workers. An incremental run reads the few changed
+    # rows through the (org_id, row_xid) index and sorts them: walking the key's index would read every row.
+    if incremental:
+        await session.execute(
+            text(
+                "SELECT set_config('enable_seqscan', 'off', true),"
+                " set_config('max_parallel_workers_per_gather', '0', true)"
+            )
+        )
+        return
     await session.execute(
         text(
             "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true),"

@@ -44,6 +44,12 @@ class Export(Output):
     byte_size: int | None
     sha256: str | None
     can_download: bool
+    schedule_id: uuid.UUID | None
+    """The schedule that made it (SPEC §21), or None."""
+    since: dt.datetime | None
+    """An incremental run's start: the previous run's `snapshotAt` (None: the run is complete)."""
+    since_export_id: uuid.UUID | None
+    """The previous run an incremental run continues from."""
 
 
 class Link(Output):

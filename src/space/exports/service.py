@@ -85,6 +85,9 @@ def _fields(job: ExportJob, can_download: bool) -> dict[str, Any]:
         byte_size=job.byte_size,
         sha256=job.sha256,
         can_download=can_download,
+        schedule_id=job.schedule_id,
+        since=job.since,
+        since_export_id=job.since_export_id,
     )
 
 

@@ -43,6 +43,12 @@ def deletion_title(org_name: str) -> str:
     return f"{org_name} is going to be deleted"
 
 
+def schedule_paused_title(kind: str, org_name: str, reason: str) -> str:
+    """ "A schedule of Tickets (CSV) exports in Acme was paused: its runs kept failing"."""
+    why = "its creator is no longer an owner or admin" if reason == "access_revoked" else "its runs kept failing"
+    return f"A schedule of {words.kind(kind)} exports in {org_name} was paused: {why}"
+
+
 # --- the email, built when it is sent -----------------------------------------------------------------------
 
 
@@ -66,6 +72,8 @@ def place(public_base: str, letter: Letter) -> str:
     """Where in the page the email leads: the export (`#/orgs/<orgId>/exports/<exportId>`), else the org."""
     if letter.export_id is not None:
         return f"{public_base}/#/orgs/{letter.org_id}/exports/{letter.export_id}"
+    if letter.type is NotificationType.schedule_paused:
+        return f"{public_base}/#/orgs/{letter.org_id}/settings"
     return f"{public_base}/#/orgs/{letter.org_id}"
 
 
@@ -87,6 +95,14 @@ def paragraphs(letter: Letter) -> list[str]:
                 f"Your {words.kind(d.get('kind'))} export in {org} was cancelled.",
                 words.reason(d.get("errorCode")),
             ]
+        case NotificationType.schedule_paused:
+            out = [f"{letter.title}."]
+            if d.get("reason") == "failing":
+                out.append(
+                    f"Its last {d.get('failures')} runs failed; the last one: {words.reason(d.get('errorCode'))}"
+                )
+            out.append("An owner or admin can resume it in the organization's schedules.")
+            return out
         case NotificationType.org_deletion_requested:
             who = d.get("actorName") or "An owner"
             out = [f"{who} asked to delete the organization {org}."]

@@ -26,6 +26,7 @@ class NotificationType(enum.StrEnum):
     export_failed = "export.failed"
     export_cancelled = "export.cancelled"
     org_deletion_requested = "org.deletion_requested"
+    schedule_paused = "schedule.paused"
 
 
 class Channel(enum.StrEnum):

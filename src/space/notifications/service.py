@@ -112,6 +112,31 @@ async def export_ended(
     return await notify(uow, queue, notice)
 
 
+async def schedule_paused(
+    uow: UnitOfWork,
+    queue: Queue | None,
+    *,
+    org_id: uuid.UUID,
+    schedule_id: uuid.UUID,
+    kind: str,
+    reason: str,
+    failures: int,
+    recipients: Sequence[uuid.UUID],
+    error_code: str | None = None,
+) -> int:
+    """Tell a schedule's creator and the org's owners that it paused, and why (SPEC §19, §21)."""
+    name = await orgs.org_name(uow.session, org_id)
+    notice = Notice(
+        type=NotificationType.schedule_paused,
+        org_id=org_id,
+        recipients=recipients,
+        title=messages.schedule_paused_title(kind, name, reason),
+        details={"kind": kind, "reason": reason, "failures": failures, "errorCode": error_code},
+        schedule_id=schedule_id,
+    )
+    return await notify(uow, queue, notice)
+
+
 async def deletion_requested(
     uow: UnitOfWork, queue: Queue | None, org_id: uuid.UUID, actor_id: uuid.UUID, delete_after: dt.datetime | None
 ) -> int:

@@ -30,6 +30,7 @@ log = logging.getLogger("space.purge")
 PURGE_TABLES: tuple[str, ...] = (
     "export_chunks",
     "export_jobs",
+    "schedules",
     "webhook_attempts",
     "webhook_deliveries",
     "webhook_endpoints",

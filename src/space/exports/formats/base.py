@@ -95,6 +95,11 @@ class Order(Protocol):
     @property
     def delimiter(self) -> str: ...
 
+    @property
+    def since(self) -> Any:
+        """An incremental run's start (`space.exports.increments.Since`), or None: the run is complete."""
+        ...
+
 
 Opener = Callable[[AsyncSession, Order, uuid.UUID], Awaitable[Format]]
 """How the worker opens a kind's format: in the snapshot transaction, from the export's inputs and the creator's

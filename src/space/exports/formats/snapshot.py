@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import psycopg
 from psycopg.types.string import ByteaBinaryLoader
-from sqlalchemy import ColumnElement, Select, Text, Uuid, any_, bindparam, func, select
+from sqlalchemy import ColumnElement, Select, Text, Uuid, any_, bindparam, func, literal_column, select
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -35,10 +35,13 @@ from space.exports.formats.base import (
     bigint_param,
     rfc3339,
 )
+from space.exports.increments import Since
 from space.orgs import service as orgs
 from space.projects.models import Project, Task
 
 SCHEMA_VERSION = 1
+_PROJECT_XID: ColumnElement[Any] = literal_column("projects.row_xid")
+_TASK_XID: ColumnElement[Any] = literal_column("tasks.row_xid")
 FILE = "snapshot.json"
 """The snapshot's file, as a failure's words and the archive's member name call it."""
 _ENCODE_ROWS = 2000
@@ -61,7 +64,7 @@ class SnapshotRequest(ExportRequest, tag="snapshot"):
 
 async def open_snapshot(session: AsyncSession, order: Order, membership_id: uuid.UUID) -> Snapshot:
     """The org's snapshot, its name read inside the snapshot transaction like every other byte of the file."""
-    return Snapshot(order.org_id, await orgs.org_name(session, order.org_id))
+    return Snapshot(order.org_id, await orgs.org_name(session, order.org_id), getattr(order, "since", None))
 
 
 # Timestamps arrive as datetimes (binary, in the snapshot's UTC session) and msgspec writes them as RFC 3339
@@ -148,15 +151,24 @@ class Snapshot:
 
     _encoder = msgspec.json.Encoder()
 
-    def __init__(self, org_id: uuid.UUID, org_name: str) -> None:
+    def __init__(self, org_id: uuid.UUID, org_name: str, since: Since | None = None) -> None:
         self.org_id = org_id
         self.org_name = org_name
+        self.since = since
+        """An incremental run's start: only what was written since, and `deleted` (None: complete)."""
+        self.deleted: dict[str, list[str]] = {"projects": [], "tasks": []}
 
-    def _projects(self) -> list[ColumnElement[bool]]:
+    def _live(self) -> list[ColumnElement[bool]]:
         return [Project.org_id == self.org_id, Project.deleted_at.is_(None)]
 
+    def _projects(self) -> list[ColumnElement[bool]]:
+        return [*self._live(), *self._changed(_PROJECT_XID)]
+
+    def _changed(self, row_xid: Any) -> list[ColumnElement[bool]]:
+        return [] if self.since is None else [self.since.changed(row_xid)]
+
     def _tasks(self) -> list[ColumnElement[bool]]:
-        return [Task.org_id == self.org_id, Project.org_id == self.org_id, Project.deleted_at.is_(None)]
+        return [Task.org_id == self.org_id, *self._live(), *self._changed(_TASK_XID)]
 
     async def count(self, session: AsyncSession) -> dict[str, int]:
         """Live projects plus their tasks, the rows of the one file."""
@@ -193,7 +205,7 @@ class Snapshot:
         yield Batch(rows=0, last=None, data=b'],"tasks":[')
         # The live projects' ids, read in the snapshot, as a constant array: PostgreSQL probes it through a
         # hash table, where a join would look each task's project up in an index.
-        live = list((await session.execute(select(Project.id).where(*self._projects()))).scalars())
+        live = list((await session.execute(select(Project.id).where(*self._live()))).scalars())
         tasks = select(
             sql_cast(Task.id, Text).label("key"),
             sql_cast(Task.project_id, Text),
@@ -202,13 +214,39 @@ class Snapshot:
             Task.due_date,
             Task.created_at,
             Task.updated_at,
-        ).where(Task.org_id == self.org_id, Task.project_id == any_(bindparam("live", type_=ARRAY(Uuid))))
+        ).where(
+            Task.org_id == self.org_id,
+            Task.project_id == any_(bindparam("live", type_=ARRAY(Uuid))),
+            *self._changed(_TASK_XID),
+        )
         width = func.octet_length(Task.title) + _JSON_ROW_BYTES
         wide = WidePages((Task.title_plain,), _raw_task)
         async for batch in self._keyset(
             session, (size, budget), tasks, (Task.id, width), SnapshotTask, {"live": live}, wide
         ):
             yield batch
+        if self.since is not None:
+            await self._read_deleted(session)
+
+    async def _read_deleted(self, session: AsyncSession) -> None:
+        # Projects deleted since the previous run (a deletion is an UPDATE of the project: its row is the
+        # tombstone), and the tasks they took with them.
+        assert self.since is not None
+        gone = (
+            select(Project.id)
+            .where(Project.org_id == self.org_id, Project.deleted_at.is_not(None), self.since.changed(_PROJECT_XID))
+            .order_by(Project.id)
+        )
+        projects = list((await session.execute(gone)).scalars())
+        tasks = (
+            select(Task.id)
+            .where(Task.org_id == self.org_id, Task.project_id == any_(bindparam("gone", type_=ARRAY(Uuid))))
+            .order_by(Task.id)
+        )
+        self.deleted = {
+            "projects": [str(p) for p in projects],
+            "tasks": [str(t) for t in (await session.execute(tasks, {"gone": projects})).scalars()],
+        }
 
     async def _keyset(
         self,
@@ -266,8 +304,10 @@ class Snapshot:
         return data
 
     def footer(self) -> bytes:
-        """Closes the tasks array and the object."""
-        return b"]}"
+        """Closes the tasks array and the object; an incremental run's `deleted` ids come last."""
+        if self.since is None:
+            return b"]}"
+        return b'],"deleted":' + msgspec.json.encode(self.deleted) + b"}"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.db import compiled, driver_connection, server_version
 from space.exports.formats.base import BATCH_BYTES, Batch, ExportRequest, Order, Pace, bigint_param
+from space.exports.increments import Since
 from space.exports.models import ExportScope
 from space.orgs.models import Membership
 from space.tickets.filters import TicketFilters, parse_filters, ticket_conditions
@@ -57,7 +58,9 @@ async def open_tickets_csv(session: AsyncSession, order: Order, membership_id: u
     """The export's CSV, from its stored filters; `membership_id` is the creator's (for `assignment=mine`)."""
     # Own scope: the creator condition beside RLS lets the (org_id, creator_id, number) index serve it.
     creator = order.creator_id if order.scope is ExportScope.own else None
-    return TicketsCsv.from_stored(order.org_id, order.filters, membership_id, order.delimiter, creator)
+    return TicketsCsv.from_stored(
+        order.org_id, order.filters, membership_id, order.delimiter, creator, getattr(order, "since", None)
+    )
 
 
 class TicketsCsv:
@@ -70,11 +73,13 @@ class TicketsCsv:
         membership_id: uuid.UUID | None,
         delimiter: str,
         creator_id: uuid.UUID | None = None,
+        since: Since | None = None,
     ) -> None:
         self.org_id = org_id
         self.conditions = ticket_conditions(filters, membership_id)
         self.delimiter = delimiter
         self.creator_id = creator_id
+        self.since = since
 
     @classmethod
     def from_stored(
@@ -84,14 +89,18 @@ class TicketsCsv:
         membership_id: uuid.UUID | None,
         delimiter: str,
         creator_id: uuid.UUID | None = None,
+        since: Since | None = None,
     ) -> TicketsCsv:
-        """Build from the filters as stored on the export; `creator_id` for own scope (RLS enforces it too)."""
-        return cls(org_id, parse_filters(filters), membership_id, delimiter, creator_id)
+        """Build from the filters as stored on the export; `creator_id` for own scope (RLS enforces it too);
+        `since`: an incremental run's start (only the tickets written since)."""
+        return cls(org_id, parse_filters(filters), membership_id, delimiter, creator_id, since)
 
     def _where(self) -> list[ColumnElement[bool]]:
         where = [Ticket.org_id == self.org_id, *self.conditions]
         if self.creator_id is not None:
             where.append(Ticket.creator_id == self.creator_id)
+        if self.since is not None:
+            where.append(self.since.changed(literal_column("tickets.row_xid")))
         return where
 
     async def count(self, session: AsyncSession) -> dict[str, int]:

@@ -37,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from space.exports.failures import ExportFailure
 from space.exports.formats.base import BATCH_BYTES, Batch, ExportRequest, Order
 from space.exports.formats.tickets_csv import CSV_HEADER, TicketsCsv
+from space.exports.increments import Since
 from space.exports.models import ExportScope
 from space.orgs.models import Membership
 from space.tickets.filters import TicketFilters, parse_filters
@@ -88,7 +89,9 @@ class TicketsXlsxRequest(ExportRequest, tag="tickets_xlsx"):
 async def open_tickets_xlsx(session: AsyncSession, order: Order, membership_id: uuid.UUID) -> TicketsXlsx:
     """The export's workbook, from its stored filters; `membership_id` is the creator's (for `assignment=mine`)."""
     creator = order.creator_id if order.scope is ExportScope.own else None
-    return TicketsXlsx(order.org_id, parse_filters(order.filters), membership_id, ",", creator)
+    return TicketsXlsx(
+        order.org_id, parse_filters(order.filters), membership_id, ",", creator, getattr(order, "since", None)
+    )
 
 
 def check_sheet_rows(total: int) -> None:
@@ -108,8 +111,9 @@ class TicketsXlsx(TicketsCsv):
         membership_id: uuid.UUID | None,
         delimiter: str = ",",
         creator_id: uuid.UUID | None = None,
+        since: Since | None = None,
     ) -> None:
-        super().__init__(org_id, filters, membership_id, ",", creator_id)
+        super().__init__(org_id, filters, membership_id, ",", creator_id, since)
         self.rows = 0
         self.snapshot_at: dt.datetime | None = None
 

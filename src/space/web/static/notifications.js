@@ -72,10 +72,11 @@ export function reset() {
   $("preference-items").replaceChildren();
 }
 
-/** Where a notification leads: the export's place, the org's settings for a deletion, else the org. */
+/** Where a notification leads: the export's place, the org's settings for a deletion or a paused schedule, else the
+ * org. */
 function target(n) {
   if (n.exportId) return href("export", n.orgId, n.exportId);
-  if (n.type === "org.deletion_requested") return href("settings", n.orgId);
+  if (n.type === "org.deletion_requested" || n.type === "schedule.paused") return href("settings", n.orgId);
   return href("exports", n.orgId);
 }
 

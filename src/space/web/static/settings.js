@@ -4,6 +4,7 @@ import { api, ApiError } from "./api.js";
 import { follow, submit } from "./exports.js";
 import { current, isOverseer, state } from "./state.js";
 import { $, answer, confirmAction, el, failure } from "./ui.js";
+import * as schedules from "./schedules.js";
 import * as words from "./words.js";
 
 let hooks = { signOut: () => {}, orgChanged: () => {} };
@@ -23,6 +24,7 @@ export function setup(signOut, orgChanged) {
   });
   $("delete-anyway").addEventListener("click", () => requestDeletion(true));
   $("export-everything").addEventListener("click", exportEverything);
+  schedules.setup(signOut);
 }
 
 export async function show(generation) {
@@ -34,7 +36,11 @@ export async function show(generation) {
   answer($("lifecycle-answer"), "");
   answer($("deletion-answer"), "");
   $("webhooks").hidden = !isOverseer();
-  if (isOverseer()) await loadWebhooks(generation);
+  $("schedules").hidden = !isOverseer();
+  if (isOverseer()) {
+    await loadWebhooks(generation);
+    await schedules.load(generation);
+  }
 }
 
 function renderMembers() {

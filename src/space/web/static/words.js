@@ -56,6 +56,7 @@ const PROBLEMS = {
   invalid_request: "The request was not accepted",
   already_member: "That person is already a member of this organization.",
   webhook_limit_reached: "The organization has as many webhook endpoints as allowed. Remove one before adding another.",
+  schedule_limit_reached: "The organization has as many schedules as allowed. Delete one before adding another.",
   rate_limited: "You have asked for many download links just now.",
   unavailable: "The service cannot reach its database just now.",
   range_not_satisfiable: "That part of the file does not exist.",
@@ -201,6 +202,7 @@ export const EMAIL_TYPES = {
   "export.failed": "An export of mine failed",
   "export.cancelled": "An export of mine was cancelled by someone else",
   "org.deletion_requested": "An organization I own is to be deleted",
+  "schedule.paused": "A schedule I made, or one in an organization I own, was paused",
 };
 
 /** The notifications control's name for screen readers: the count is in it, the badge is only seen. */
