@@ -19,6 +19,7 @@ from space.exports.formats.archive import ArchiveRequest, open_archive
 from space.exports.formats.base import ExportRequest, Opener
 from space.exports.formats.snapshot import SnapshotRequest, open_snapshot
 from space.exports.formats.tickets_csv import TicketsCsvRequest, open_tickets_csv
+from space.exports.formats.tickets_xlsx import CHUNK_SHARE as XLSX_CHUNK_SHARE
 from space.exports.formats.tickets_xlsx import MEDIA_TYPE as XLSX_MEDIA_TYPE
 from space.exports.formats.tickets_xlsx import TicketsXlsxRequest, open_tickets_xlsx
 from space.exports.limits import Limits, archive, one_export
@@ -40,7 +41,8 @@ class Kind:
     """One export kind: `request` is its create body (tagged with its name); `media_type` the whole Content-Type
     of its result; `customers`: whether a customer may request it (else staff only, SPEC §5); `open` builds its
     format in the worker's snapshot transaction; `limits` the bounds of its run, from the settings; `final`:
-    whether a completed one satisfies the final-export rule of a deletion request (SPEC §3, §13)."""
+    whether a completed one satisfies the final-export rule of a deletion request (SPEC §3, §13); `chunk_share`:
+    the share of SPACE_EXPORT_CHUNK_BYTES its chunks hold (1 but for a kind whose bytes are compressed already)."""
 
     request: type[ExportRequest]
     media_type: str
@@ -49,6 +51,7 @@ class Kind:
     open: Opener
     limits: Callable[[Settings], Limits]
     final: bool
+    chunk_share: float = 1.0
 
 
 SNAPSHOT_HINT = (
@@ -89,6 +92,7 @@ KINDS: dict[ExportKind, Kind] = {
         open=open_tickets_xlsx,
         limits=partial(one_export, hint=TICKETS_HINT),
         final=False,
+        chunk_share=XLSX_CHUNK_SHARE,
     ),
 }
 

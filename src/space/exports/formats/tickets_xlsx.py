@@ -35,7 +35,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.exports.failures import ExportFailure
-from space.exports.formats.base import BATCH_BYTES, Batch, ExportRequest, Order
+from space.exports.formats.base import BATCH_BYTES, Batch, ExportRequest, Order, bigint_param
 from space.exports.formats.tickets_csv import CSV_HEADER, TicketsCsv
 from space.exports.models import ExportScope
 from space.orgs.models import Membership
@@ -50,6 +50,11 @@ SHEET_BYTES = zipfile.ZIP64_LIMIT
 DEFLATE_LEVEL = 1
 """zlib's fastest level: the sheet's XML is repetitive, level 1 already makes it many times smaller (19x on the
 bench's tickets), at about four times level 6's speed."""
+CHUNK_SHARE = 0.25
+"""The workbook's result chunks are a quarter of SPACE_EXPORT_CHUNK_BYTES (1 MiB by default): its bytes are
+deflated already, and a CSV's chunk packs about 4:1 (lz4), so each stored row holds about what a CSV's does; and
+the worker's two chunk buffers and the chunk in flight cost a quarter as much, which kept the memory of a small
+workbook (that fills no chunk) and a large one within 10% (docs/decisions 0095)."""
 _INLINE_BYTES = 64 * 1024
 """Smaller pieces are deflated in the event loop; larger ones in a thread."""
 
@@ -135,11 +140,22 @@ class TicketsXlsx(TicketsCsv):
         )
         return str(await session.scalar(select(func.coalesce(cells.scalar_subquery(), literal({}, JSONB)).cast(Text))))
 
+    def _batch_params(self, done: int) -> dict[str, int]:
+        # The sheet's rows before the batch: the header and the `done` rows written.
+        return {"before": done + 1}
+
     def _line(self) -> ColumnElement[str]:
         cells = select(sql_cast(bindparam("cells", type_=Text), JSONB)).scalar_subquery()
         # An unassigned ticket's cell is empty (no value), so the cells after it keep their columns.
         assignee = func.coalesce(cells.op("->>", return_type=Text)(sql_cast(Ticket.assignee_id, Text)), "<c/>")
-        return _XLSX_HEAD.op("||")(assignee).op("||")(_XLSX_TAIL)
+        # `<row r="n"`, then the stored head after its `<row`: the row's number is where it lands in this sheet,
+        # so the query writes it (the page's rows in `number` order, counted after the rows of earlier batches).
+        # ltrim of the letters of `<row` stops at its `>`: it reads only those, where substr() would count the
+        # characters of the whole head (a third of the database's cost of the workbook, measured: 0095).
+        n = bigint_param("before") + func.row_number().over(order_by=Ticket.number)
+        row = literal_column("'<row r=\"'", Text).op("||")(sql_cast(n, Text)).op("||")(literal_column("'\"'", Text))
+        head = func.ltrim(_XLSX_HEAD, literal_column("'<row'", Text))
+        return row.op("||")(head).op("||")(assignee).op("||")(_XLSX_TAIL)
 
     async def batches(self, session: AsyncSession, size: int, budget: int = BATCH_BYTES) -> AsyncIterator[Batch]:
         """The workbook's ZIP bytes as they are made: the small parts, then the sheet, deflated batch by batch
@@ -211,7 +227,7 @@ class TicketsXlsx(TicketsCsv):
             '<sheetViews><sheetView tabSelected="1" workbookViewId="0">'
             '<pane ySplit="1" topLeftCell="A2" activePane="bottomLeft" state="frozen"/>'
             '<selection pane="bottomLeft" activeCell="A2" sqref="A2"/></sheetView></sheetViews>'
-            f'<sheetFormatPr defaultRowHeight="15"/><cols>{cols}</cols><sheetData><row>{head}</row>'
+            f'<sheetFormatPr defaultRowHeight="15"/><cols>{cols}</cols><sheetData><row r="1">{head}</row>'
         ).encode()
 
     def _sheet_end(self) -> bytes:
