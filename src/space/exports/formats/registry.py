@@ -1,6 +1,7 @@
 """Every export kind, one row each: its request, its media type and extension, who may request it, how the worker
-opens its format, the limits it runs under, and whether it is a final export. The service, the create route's
-request union, the ledger and the worker read this table; nothing else branches on a kind.
+opens its format, the limits it runs under, whether it is a final export, and the share of the chunk size its
+result is stored in. The service, the create route's request union, the ledger and the worker read this table;
+nothing else branches on a kind.
 
 A new kind is a module (its request, its format and its opener) and a row here: its name in `ExportKind` and its
 `Kind`. `export_jobs.kind` is constrained by a CHECK (migrations 0001, 0010), so a new kind also needs a

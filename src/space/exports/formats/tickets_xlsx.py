@@ -3,13 +3,15 @@
 The same rows, order, scope and filters as the CSV: `TicketsXlsx` is `TicketsCsv` with another line per row. Each
 row is `xlsx_head || assignee cell || xlsx_tail`, XML that PostgreSQL computed when the ticket was written
 (migration 0019), so the database's part costs what the CSV's does; the assignee cells (inline strings of the
-members' names) are looked up per export, as the CSV's are.
+members' names) are looked up per export, as the CSV's are. The query numbers the rows (`<row r="n">`, which
+ClosedXML and EPPlus need); cells carry no `r` (docs/decisions 0095).
 
 The workbook is one ZIP (Python's `zipfile`, streaming to a sink it cannot seek: each member is followed by a
 data descriptor, never ZIP64, which Excel refuses on small parts): the package's small parts first, then the sheet,
 deflated as its batches arrive. Deflating runs in a thread (zlib lets go of the GIL) while the next batch is
 being read on the snapshot's backend, so the two share the machine's cores instead of taking turns. Memory is
-one batch in flight and one being compressed. See docs/decisions 0093.
+one batch in flight and one being compressed, and the result's chunks are a quarter of the usual size
+(`CHUNK_SHARE`). See docs/decisions 0093 and 0095.
 
 Cells: `number` a number; every text exactly as the ticket has it (never a formula, never a guard prefix): the
 header's names and the statuses and priorities from a fixed table of shared strings, titles and names inline;
