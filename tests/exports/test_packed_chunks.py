@@ -60,7 +60,7 @@ def test_pack_keeps_a_chunk_as_it_is_unless_it_saves_a_quarter() -> None:
 def test_compressed_bytes_are_kept_without_a_frame_made_of_them() -> None:
     # A workbook's chunk is deflate output: its first block doesn't pack, so no 4 MiB frame is made to be thrown
     # away (that cost 8 MiB of allocations per chunk, which the packing thread's arena kept: the workbook's
-    # worker peak grew with its size, docs/decisions 0095).
+    # worker peak grew with its size, docs/decisions 0097).
     noise = os.urandom(4 * 1024 * 1024)
     tracemalloc.start()
     try:

@@ -259,7 +259,7 @@ async def test_every_row_names_its_number_across_batches(api: Api, db: Database,
 async def test_a_workbooks_chunks_are_a_quarter_of_the_chunk_setting(
     api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any]
 ) -> None:
-    # Its bytes are deflated already (docs/decisions 0095): chunks of a quarter of SPACE_EXPORT_CHUNK_BYTES hold
+    # Its bytes are deflated already (docs/decisions 0097): chunks of a quarter of SPACE_EXPORT_CHUNK_BYTES hold
     # about the stored bytes of a CSV's packed chunk, and cost the worker a quarter of the memory.
     org = await api.org()
     await add_tickets(db, org.id, org.member, [f"ticket {i} {i * 7919 % 10007}" for i in range(600)])

@@ -4,14 +4,14 @@ The same rows, order, scope and filters as the CSV: `TicketsXlsx` is `TicketsCsv
 row is `xlsx_head || assignee cell || xlsx_tail`, XML that PostgreSQL computed when the ticket was written
 (migration 0019), so the database's part costs what the CSV's does; the assignee cells (inline strings of the
 members' names) are looked up per export, as the CSV's are. The query numbers the rows (`<row r="n">`, which
-ClosedXML and EPPlus need); cells carry no `r` (docs/decisions 0095).
+ClosedXML and EPPlus need); cells carry no `r` (docs/decisions 0097).
 
 The workbook is one ZIP (Python's `zipfile`, streaming to a sink it cannot seek: each member is followed by a
 data descriptor, never ZIP64, which Excel refuses on small parts): the package's small parts first, then the sheet,
 deflated as its batches arrive. Deflating runs in a thread (zlib lets go of the GIL) while the next batch is
 being read on the snapshot's backend, so the two share the machine's cores instead of taking turns. Memory is
 one batch in flight and one being compressed, and the result's chunks are a quarter of the usual size
-(`CHUNK_SHARE`). See docs/decisions 0093 and 0095.
+(`CHUNK_SHARE`). See docs/decisions 0093 and 0097.
 
 Cells: `number` a number; every text exactly as the ticket has it (never a formula, never a guard prefix): the
 header's names and the statuses and priorities from a fixed table of shared strings, titles and names inline;
@@ -56,7 +56,7 @@ CHUNK_SHARE = 0.25
 """The workbook's result chunks are a quarter of SPACE_EXPORT_CHUNK_BYTES (1 MiB by default): its bytes are
 deflated already, and a CSV's chunk packs about 4:1 (lz4), so each stored row holds about what a CSV's does; and
 the worker's two chunk buffers and the chunk in flight cost a quarter as much, which kept the memory of a small
-workbook (that fills no chunk) and a large one within 10% (docs/decisions 0095)."""
+workbook (that fills no chunk) and a large one within 10% (docs/decisions 0097)."""
 _INLINE_BYTES = 64 * 1024
 """Smaller pieces are deflated in the event loop; larger ones in a thread."""
 
@@ -153,7 +153,7 @@ class TicketsXlsx(TicketsCsv):
         # `<row r="n"`, then the stored head after its `<row`: the row's number is where it lands in this sheet,
         # so the query writes it (the page's rows in `number` order, counted after the rows of earlier batches).
         # ltrim of the letters of `<row` stops at its `>`: it reads only those, where substr() would count the
-        # characters of the whole head (a third of the database's cost of the workbook, measured: 0095).
+        # characters of the whole head (a third of the database's cost of the workbook, measured: 0097).
         n = bigint_param("before") + func.row_number().over(order_by=Ticket.number)
         row = literal_column("'<row r=\"'", Text).op("||")(sql_cast(n, Text)).op("||")(literal_column("'\"'", Text))
         head = func.ltrim(_XLSX_HEAD, literal_column("'<row'", Text))

@@ -56,7 +56,7 @@ class Packed:
 PROBE_BYTES = 64 * 1024
 """A chunk longer than this is packed only if its first PROBE_BYTES would pack: bytes that are compressed already
 (a workbook's, an archive's deflated members) are stored as they are without a chunk-sized frame made and thrown
-away (8 MiB of allocations per 4 MiB chunk, in the packing thread, whose arena kept them: docs/decisions 0095)."""
+away (8 MiB of allocations per 4 MiB chunk, in the packing thread, whose arena kept them: docs/decisions 0097)."""
 
 
 def pack(chunk: bytes | memoryview) -> Packed:
