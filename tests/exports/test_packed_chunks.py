@@ -10,6 +10,7 @@ import hashlib
 import itertools
 import os
 import random
+import tracemalloc
 from typing import Any
 
 import psycopg
@@ -18,7 +19,7 @@ import pytest
 from space.config import Settings
 from space.db import Database
 from space.exports.pipeline import run_export
-from space.exports.storage.postgres import PgResultStore, pack
+from space.exports.storage.postgres import PROBE_BYTES, PgResultStore, pack
 from space.exports.storage.protocol import ResultKey, ResultMissing
 from tests.exports.fixtures import add_tickets, create_export, download, job_row, runner, tuned, uid
 from tests.helpers import Api, Org
@@ -54,6 +55,25 @@ def test_pack_keeps_a_chunk_as_it_is_unless_it_saves_a_quarter() -> None:
     noise = os.urandom(len(text))
     assert pack(noise).codec is None and pack(noise).data == noise
     assert pack(b"").codec is None
+
+
+def test_compressed_bytes_are_kept_without_a_frame_made_of_them() -> None:
+    # A workbook's chunk is deflate output: its first block doesn't pack, so no 4 MiB frame is made to be thrown
+    # away (that cost 8 MiB of allocations per chunk, which the packing thread's arena kept: the workbook's
+    # worker peak grew with its size, docs/decisions 0097).
+    noise = os.urandom(4 * 1024 * 1024)
+    tracemalloc.start()
+    try:
+        packed = pack(memoryview(noise))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert packed.codec is None and packed.data == noise
+    assert peak < 1024 * 1024, peak
+    # The probe decides: text behind a first block of noise is kept as it is; text from the start is packed.
+    text = b"ticket title, open, normal\r\n" * (len(noise) // 28)
+    assert pack(noise[:PROBE_BYTES] + text).codec is None
+    assert pack(text + noise[:PROBE_BYTES]).codec == "lz4"
 
 
 async def test_text_is_stored_packed_and_downloads_byte_for_byte(

@@ -237,6 +237,54 @@ async def test_wide_rows_in_many_batches_read_back_whole(api: Api, db: Database,
     assert [row[1] for row in _sheet(r.content).iter_rows(min_row=2, values_only=True)] == titles
 
 
+async def test_every_row_names_its_number_across_batches(api: Api, db: Database, settings: Settings) -> None:
+    # Readers such as ClosedXML and EPPlus place rows by their `r`: each row's is its row in the sheet, the
+    # header's 1, counted on across keyset batches (7 rows each here), in a filtered export too.
+    org = await api.org()
+    await add_tickets(db, org.id, org.member, [f"t{i}" for i in range(40)])
+    await add_tickets(db, org.id, org.member, [f"closed {i}" for i in range(5)], status="closed")
+    await add_tickets(db, org.id, org.member, [f"u{i}" for i in range(10)])
+    export = await create_export(api, org, org.member, {"kind": "tickets_xlsx", "filters": {"status": "open"}})
+    assert await run_export(runner(tuned(settings, export_batch_rows=7), db), uid(export["id"]), uid(org.id)) == (
+        "completed"
+    )
+    r = await download(api, org, org.member, export["id"])
+    with zipfile.ZipFile(io.BytesIO(r.content)) as z:
+        sheet = z.read(SHEET).decode()
+    assert re.findall(r"<row( r=\"[0-9]+\")?>", sheet) == [f' r="{n}"' for n in range(1, 52)]
+    rows = list(_sheet(r.content).iter_rows(values_only=True))
+    assert [row[1] for row in rows[1:]] == [f"t{i}" for i in range(40)] + [f"u{i}" for i in range(10)]
+
+
+async def test_a_workbooks_chunks_are_a_quarter_of_the_chunk_setting(
+    api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any]
+) -> None:
+    # Its bytes are deflated already (docs/decisions 0097): chunks of a quarter of SPACE_EXPORT_CHUNK_BYTES hold
+    # about the stored bytes of a CSV's packed chunk, and cost the worker a quarter of the memory.
+    org = await api.org()
+    await add_tickets(db, org.id, org.member, [f"ticket {i} {i * 7919 % 10007}" for i in range(600)])
+    export = await create_export(api, org, org.member, {"kind": "tickets_xlsx"})
+    small = tuned(settings, export_chunk_bytes=8192, export_batch_rows=50)
+    assert await run_export(runner(small, db), uid(export["id"]), uid(org.id)) == "completed"
+    sizes = [
+        n
+        for (n,) in owner.execute(
+            "SELECT coalesce(c.raw_size, length(c.data)) FROM export_chunks c JOIN export_jobs j"
+            " ON j.id = c.export_id AND j.execution_id = c.execution_id WHERE j.id = %s ORDER BY c.seq",
+            (export["id"],),
+        )
+    ]
+    assert len(sizes) > 2 and set(sizes[:-1]) == {2048} and 0 < sizes[-1] <= 2048, sizes
+    r = await download(api, org, org.member, export["id"])
+    assert r.content[:2] == b"PK" and len(r.content) == sum(sizes)
+    assert len(list(_sheet(r.content).iter_rows(min_row=2))) == 600
+    # Ranges find their chunks at that size too.
+    part = await api.call(
+        "GET", org.path(f"/exports/{export['id']}/result"), org.member, headers={"Range": "bytes=3000-5000"}
+    )
+    assert part.status_code == 206 and part.content == r.content[3000:5001]
+
+
 async def test_a_workbook_cancelled_midway_stores_nothing(api: Api, db: Database, settings: Settings) -> None:
     org = await api.org()
     await add_tickets(db, org.id, org.member, [f"t{i}" for i in range(5)])

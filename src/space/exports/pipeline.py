@@ -163,11 +163,12 @@ async def build(runner: ExportRunner, lease: Lease, gate: Gate = _open) -> Built
     """Steps 2-5: re-check eligibility, read in one REPEATABLE READ READ ONLY transaction, store the chunks."""
     settings = runner.settings
     # The kind's own bounds: one export's, or the complete archive's (far higher, rows per member file).
-    limits = KINDS[ExportKind(lease.kind)].limits(settings)
+    kind = KINDS[ExportKind(lease.kind)]
+    limits = kind.limits(settings)
     async with UnitOfWork(runner.db.sessionmaker, Tenant(org_id=lease.org_id)) as uow:
         membership_id = await check(uow.session, lease, await orgs.org_state(uow.session, lease.org_id))
     await gate("eligible", lease)
-    chunk_bytes = runner.store.chunk_bytes(settings.export_chunk_bytes)
+    chunk_bytes = runner.store.chunk_bytes(max(1, int(settings.export_chunk_bytes * kind.chunk_share)))
     out = ChunkWriter(runner.store, lease.key, chunk_bytes, limits)
     rows = 0
     try:

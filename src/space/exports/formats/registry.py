@@ -1,6 +1,7 @@
 """Every export kind, one row each: its request, its media type and extension, who may request it, how the worker
-opens its format, the limits it runs under, and whether it is a final export. The service, the create route's
-request union, the ledger and the worker read this table; nothing else branches on a kind.
+opens its format, the limits it runs under, whether it is a final export, and the share of the chunk size its
+result is stored in. The service, the create route's request union, the ledger and the worker read this table;
+nothing else branches on a kind.
 
 A new kind is a module (its request, its format and its opener) and a row here: its name in `ExportKind` and its
 `Kind`. `export_jobs.kind` is constrained by a CHECK (migrations 0001, 0010), so a new kind also needs a
@@ -19,6 +20,7 @@ from space.exports.formats.archive import ArchiveRequest, open_archive
 from space.exports.formats.base import ExportRequest, Opener
 from space.exports.formats.snapshot import SnapshotRequest, open_snapshot
 from space.exports.formats.tickets_csv import TicketsCsvRequest, open_tickets_csv
+from space.exports.formats.tickets_xlsx import CHUNK_SHARE as XLSX_CHUNK_SHARE
 from space.exports.formats.tickets_xlsx import MEDIA_TYPE as XLSX_MEDIA_TYPE
 from space.exports.formats.tickets_xlsx import TicketsXlsxRequest, open_tickets_xlsx
 from space.exports.limits import Limits, archive, one_export
@@ -40,7 +42,8 @@ class Kind:
     """One export kind: `request` is its create body (tagged with its name); `media_type` the whole Content-Type
     of its result; `customers`: whether a customer may request it (else staff only, SPEC §5); `open` builds its
     format in the worker's snapshot transaction; `limits` the bounds of its run, from the settings; `final`:
-    whether a completed one satisfies the final-export rule of a deletion request (SPEC §3, §13)."""
+    whether a completed one satisfies the final-export rule of a deletion request (SPEC §3, §13); `chunk_share`:
+    the share of SPACE_EXPORT_CHUNK_BYTES its chunks hold (1 but for a kind whose bytes are compressed already)."""
 
     request: type[ExportRequest]
     media_type: str
@@ -49,6 +52,7 @@ class Kind:
     open: Opener
     limits: Callable[[Settings], Limits]
     final: bool
+    chunk_share: float = 1.0
 
 
 SNAPSHOT_HINT = (
@@ -89,6 +93,7 @@ KINDS: dict[ExportKind, Kind] = {
         open=open_tickets_xlsx,
         limits=partial(one_export, hint=TICKETS_HINT),
         final=False,
+        chunk_share=XLSX_CHUNK_SHARE,
     ),
 }
 

@@ -134,6 +134,10 @@ class TicketsCsv:
         head = func.space_csv_head_sep(Ticket.csv_head, Ticket.number, Ticket.status, Ticket.priority, sep)
         return head.op("||")(assignee).op("||")(func.space_csv_tail_sep(Ticket.csv_tail, sep))
 
+    def _batch_params(self, done: int) -> dict[str, int]:
+        """The next batch's parameters besides the keyset's, after `done` records: none for the CSV."""
+        return {}
+
     def _batch(self, ordered: bool) -> Select[Any]:
         page = (
             select(Ticket.number.label("key"), self._line().label("line"))
@@ -168,11 +172,13 @@ class TicketsCsv:
         conn = await driver_connection(session)
         pace = Pace(size, budget)
         after = 0
+        done = 0
         async with conn.cursor(binary=True) as cur:
             cur.adapters.register_loader("text", ByteaBinaryLoader)
             while True:
                 limit = pace.limit
-                await cur.execute(sql, {**params, "after": after, "limit": limit, "budget": budget})
+                batch = {**params, **self._batch_params(done), "after": after, "limit": limit, "budget": budget}
+                await cur.execute(sql, batch)
                 row = await cur.fetchone()
                 if row is None or not row[1]:
                     return
@@ -181,6 +187,7 @@ class TicketsCsv:
                 last: int = row[2]
                 data: bytes = row[3]
                 yield Batch(rows=rows, last=last, data=data)
+                done += rows
                 if rows == page < limit:  # nothing cut, and the page ran out before its limit: the last batch
                     return
                 pace.saw(rows, len(data))

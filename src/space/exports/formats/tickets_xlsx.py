@@ -3,13 +3,15 @@
 The same rows, order, scope and filters as the CSV: `TicketsXlsx` is `TicketsCsv` with another line per row. Each
 row is `xlsx_head || assignee cell || xlsx_tail`, XML that PostgreSQL computed when the ticket was written
 (migration 0019), so the database's part costs what the CSV's does; the assignee cells (inline strings of the
-members' names) are looked up per export, as the CSV's are.
+members' names) are looked up per export, as the CSV's are. The query numbers the rows (`<row r="n">`, which
+ClosedXML and EPPlus need); cells carry no `r` (docs/decisions 0097).
 
 The workbook is one ZIP (Python's `zipfile`, streaming to a sink it cannot seek: each member is followed by a
 data descriptor, never ZIP64, which Excel refuses on small parts): the package's small parts first, then the sheet,
 deflated as its batches arrive. Deflating runs in a thread (zlib lets go of the GIL) while the next batch is
 being read on the snapshot's backend, so the two share the machine's cores instead of taking turns. Memory is
-one batch in flight and one being compressed. See docs/decisions 0093.
+one batch in flight and one being compressed, and the result's chunks are a quarter of the usual size
+(`CHUNK_SHARE`). See docs/decisions 0093 and 0097.
 
 Cells: `number` a number; every text exactly as the ticket has it (never a formula, never a guard prefix): the
 header's names and the statuses and priorities from a fixed table of shared strings, titles and names inline;
@@ -35,7 +37,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.exports.failures import ExportFailure
-from space.exports.formats.base import BATCH_BYTES, Batch, ExportRequest, Order
+from space.exports.formats.base import BATCH_BYTES, Batch, ExportRequest, Order, bigint_param
 from space.exports.formats.tickets_csv import CSV_HEADER, TicketsCsv
 from space.exports.increments import Since
 from space.exports.models import ExportScope
@@ -51,6 +53,11 @@ SHEET_BYTES = zipfile.ZIP64_LIMIT
 DEFLATE_LEVEL = 1
 """zlib's fastest level: the sheet's XML is repetitive, level 1 already makes it many times smaller (19x on the
 bench's tickets), at about four times level 6's speed."""
+CHUNK_SHARE = 0.25
+"""The workbook's result chunks are a quarter of SPACE_EXPORT_CHUNK_BYTES (1 MiB by default): its bytes are
+deflated already, and a CSV's chunk packs about 4:1 (lz4), so each stored row holds about what a CSV's does; and
+the worker's two chunk buffers and the chunk in flight cost a quarter as much, which kept the memory of a small
+workbook (that fills no chunk) and a large one within 10% (docs/decisions 0097)."""
 _INLINE_BYTES = 64 * 1024
 """Smaller pieces are deflated in the event loop; larger ones in a thread."""
 
@@ -139,11 +146,22 @@ class TicketsXlsx(TicketsCsv):
         )
         return str(await session.scalar(select(func.coalesce(cells.scalar_subquery(), literal({}, JSONB)).cast(Text))))
 
+    def _batch_params(self, done: int) -> dict[str, int]:
+        # The sheet's rows before the batch: the header and the `done` rows written.
+        return {"before": done + 1}
+
     def _line(self) -> ColumnElement[str]:
         cells = select(sql_cast(bindparam("cells", type_=Text), JSONB)).scalar_subquery()
         # An unassigned ticket's cell is empty (no value), so the cells after it keep their columns.
         assignee = func.coalesce(cells.op("->>", return_type=Text)(sql_cast(Ticket.assignee_id, Text)), "<c/>")
-        return _XLSX_HEAD.op("||")(assignee).op("||")(_XLSX_TAIL)
+        # `<row r="n"`, then the stored head after its `<row`: the row's number is where it lands in this sheet,
+        # so the query writes it (the page's rows in `number` order, counted after the rows of earlier batches).
+        # ltrim of the letters of `<row` stops at its `>`: it reads only those, where substr() would count the
+        # characters of the whole head (a third of the database's cost of the workbook, measured: 0097).
+        n = bigint_param("before") + func.row_number().over(order_by=Ticket.number)
+        row = literal_column("'<row r=\"'", Text).op("||")(sql_cast(n, Text)).op("||")(literal_column("'\"'", Text))
+        head = func.ltrim(_XLSX_HEAD, literal_column("'<row'", Text))
+        return row.op("||")(head).op("||")(assignee).op("||")(_XLSX_TAIL)
 
     async def batches(self, session: AsyncSession, size: int, budget: int = BATCH_BYTES) -> AsyncIterator[Batch]:
         """The workbook's ZIP bytes as they are made: the small parts, then the sheet, deflated batch by batch
@@ -215,7 +233,7 @@ class TicketsXlsx(TicketsCsv):
             '<sheetViews><sheetView tabSelected="1" workbookViewId="0">'
             '<pane ySplit="1" topLeftCell="A2" activePane="bottomLeft" state="frozen"/>'
             '<selection pane="bottomLeft" activeCell="A2" sqref="A2"/></sheetView></sheetViews>'
-            f'<sheetFormatPr defaultRowHeight="15"/><cols>{cols}</cols><sheetData><row>{head}</row>'
+            f'<sheetFormatPr defaultRowHeight="15"/><cols>{cols}</cols><sheetData><row r="1">{head}</row>'
         ).encode()
 
     def _sheet_end(self) -> bytes:

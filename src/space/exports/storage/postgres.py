@@ -53,14 +53,34 @@ class Packed:
     raw_size: int | None = None
 
 
+PROBE_BYTES = 64 * 1024
+"""A chunk longer than this is packed only if its first PROBE_BYTES would pack: bytes that are compressed already
+(a workbook's, an archive's deflated members) are stored as they are without a chunk-sized frame made and thrown
+away (8 MiB of allocations per 4 MiB chunk, in the packing thread, whose arena kept them: docs/decisions 0097)."""
+
+
 def pack(chunk: bytes | memoryview) -> Packed:
-    """`chunk` as one lz4 frame, or as it is when that would not save a quarter. 64 KiB blocks keep expanding
-    it cheap in memory (the reader holds one block's window, not the whole chunk); each block carries its
-    checksum, so a damaged block fails the download before any of its bytes go out."""
-    frame = lz4.frame.compress(chunk, block_size=lz4.frame.BLOCKSIZE_MAX64KB, block_checksum=True, store_size=False)
+    """`chunk` as one lz4 frame, or as it is when that would not save a quarter (judged on its first
+    PROBE_BYTES first). 64 KiB blocks keep expanding it cheap in memory (the reader holds one block's window, not
+    the whole chunk); each block carries its checksum, so a damaged block fails the download before any of its
+    bytes go out."""
+    if len(chunk) > PROBE_BYTES and not _packs(memoryview(chunk)[:PROBE_BYTES]):
+        return Packed(chunk)
+    frame = _frame(chunk)
     if len(frame) > PACKED_AT_MOST * len(chunk):
         return Packed(chunk)
     return Packed(frame, "lz4", len(chunk))
+
+
+def _frame(data: bytes | memoryview) -> bytes:
+    frame: bytes = lz4.frame.compress(
+        data, block_size=lz4.frame.BLOCKSIZE_MAX64KB, block_checksum=True, store_size=False
+    )
+    return frame
+
+
+def _packs(probe: memoryview) -> bool:
+    return len(_frame(probe)) <= PACKED_AT_MOST * len(probe)
 
 
 # Asynchronous commit: a chunk only matters once its export is published, and the publish commits
