@@ -25,6 +25,7 @@ from space.exports.routes import (
     snapshot_schema_route,
 )
 from space.exports.storage.factory import open_result_store
+from space.imports.routes import ImportController
 from space.notifications.routes import MeController
 from space.observability.requests import HTTP_METRICS, request_ids
 from space.openapi import BEARER, SECURITY_SCHEMES, InputSchemas, allow_every_method, complete_document
@@ -111,6 +112,7 @@ def create_app(settings: Settings) -> Litestar:
             projects_router,
             tickets_router,
             ExportController,
+            ImportController,
             AuditController,
             snapshot_schema_route,
             manifest_schema_route,

@@ -32,6 +32,8 @@ from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_e
 from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT
 from space.exports.storage.factory import open_result_store
+from space.imports.jobs import run_import_job
+from space.imports.service import RUN_IMPORT
 from space.notifications.jobs import send_email_job, sweep_emails_job
 from space.notifications.outbox import SEND_EMAIL
 from space.observability.metrics import WorkerMetricsServer
@@ -218,7 +220,7 @@ def _export_worker(
     ]
     return Worker(
         queue,
-        functions=[(RUN_EXPORT, guarded(run_export_job))],
+        functions=[(RUN_EXPORT, guarded(run_export_job)), (RUN_IMPORT, guarded(run_import_job))],
         cron_jobs=cron_jobs,
         concurrency=settings.worker_concurrency,
         startup=startup,

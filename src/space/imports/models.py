@@ -1,0 +1,46 @@
+"""The imports table (migration 0020): one upload and its restore, the importer's own row (RLS on app.user_id)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import uuid
+from typing import Any
+
+from sqlalchemy import ForeignKey
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from space.db.base import Base, created_at
+
+
+class ImportState(enum.StrEnum):
+    """Where an import is: waiting, restoring, done (with its report) or failed (with its errorCode)."""
+
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+
+
+class Import(Base):
+    """An uploaded archive and what became of it; `org_id` names the org only once a restore completed."""
+
+    __tablename__ = "imports"
+
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"), primary_key=True)
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    name: Mapped[str]
+    state: Mapped[str] = mapped_column(default=ImportState.queued.value)
+    progress: Mapped[int] = mapped_column(default=0)
+    phase: Mapped[str | None]
+    dry_run: Mapped[bool] = mapped_column(default=False)
+    new_ids: Mapped[bool] = mapped_column(default=False)
+    org_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("organizations.id"))
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    error_code: Mapped[str | None]
+    error_detail: Mapped[str | None]
+    spool_path: Mapped[str]
+    byte_size: Mapped[int]
+    created_at: Mapped[dt.datetime] = created_at()
+    completed_at: Mapped[dt.datetime | None]
