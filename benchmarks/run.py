@@ -1044,6 +1044,27 @@ async def run_links(tickets: int) -> dict[str, Any]:
         return await link_downloads(url, org, status["id"], Path(tmp))
 
 
+async def run_restore(tickets: int, small: int) -> list[dict[str, Any]]:
+    """Only the restore case (`--restore-only`, benchmarks.restore): orgs of `small` and `tickets` tickets."""
+    from benchmarks.restore import restore_case
+
+    with server() as admin, fresh_database(admin) as url, tempfile.TemporaryDirectory() as tmp:
+        log(f"seeding {small} and {tickets} tickets ...")
+        orgs = await seed(url, {"BenchSmall": (small, 0), "Bench1M": (tickets, 0)})
+        port = free_port()
+        api, worker = spawn("api", url, port), spawn("worker", url, port)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
+                await wait_healthy(client, api)
+                return [
+                    await restore_case(client, url, orgs[name], n, worker, Path(tmp))
+                    for name, n in (("BenchSmall", small), ("Bench1M", tickets))
+                ]
+        finally:
+            stop(worker)
+            stop(api)
+
+
 def _size(n: int) -> str:
     return f"{n // 1_000_000}m" if n % 1_000_000 == 0 else f"{n // 1000}k" if n % 1000 == 0 else str(n)
 
@@ -1058,6 +1079,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scaling-tickets", type=int, default=500_000, help="tickets per workers_scaling org (500000)")
     parser.add_argument("--only", choices=["workers_scaling"], help="run only this case")
     parser.add_argument("--links-only", action="store_true", help="only the link-download case (results/links.json)")
+    parser.add_argument("--restore-only", action="store_true", help="only the restore case (results/restore.json)")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"some of {','.join(PHASES)} (all)")
     args = parser.parse_args(argv)
     phases = set(args.phases.split(","))
@@ -1068,6 +1090,12 @@ def main(argv: list[str] | None = None) -> None:
         links = asyncio.run(run_links(args.tickets))
         print(" ".join(f"{k}={_fmt(v)}" for k, v in links.items()))
         (RESULTS / "links.json").write_text(json.dumps(links, indent=2) + "\n")
+        return
+    if args.restore_only:
+        restored = asyncio.run(run_restore(args.tickets, args.small_tickets))
+        for line in restored:
+            print(" ".join(f"{k}={_fmt(v)}" for k, v in line.items()))
+        (RESULTS / "restore.json").write_text(json.dumps(restored, indent=2) + "\n")
         return
     if args.only == "workers_scaling":
         scaled = asyncio.run(run_scaling_only(args.scaling_orgs, args.scaling_tickets))

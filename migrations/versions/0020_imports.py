@@ -1,9 +1,10 @@
 """imports (SPEC §23): restores of archives, the placeholder users they make, and the installation-wide id check.
 
 - `imports` is a user's table, like `link_mints` and `notification_preferences`: one row per upload, read and
-  written only with its importer as `app.user_id` (RLS enabled and forced). It names an org (`org_id`) only once
-  a restore completed, and that org's rows are the tenant tables'; the import row itself is the importer's, keyed
-  `(user_id, id)` (docs/decisions/0095-restore.md says how it fits SPEC §28).
+  written only with its importer as `app.user_id` (RLS enabled and forced). It names an org
+  (`restored_org_id`) only once a restore completed, and that org's rows are the tenant tables'; the import row
+  itself is the importer's, keyed `(user_id, id)`, and has no `org_id` column: it is no tenant row
+  (docs/decisions/0095-restore.md says how it fits SPEC §28).
 - `users.placeholder`: a user a restore made for a member's email that had no user here. It has no token; `space
   users add` with that email claims it (sets the name, clears the flag, prints a token), and the memberships the
   restore gave it are then theirs.
@@ -36,7 +37,7 @@ CREATE TABLE imports (
   phase text,
   dry_run boolean NOT NULL DEFAULT false,
   new_ids boolean NOT NULL DEFAULT false,
-  org_id uuid REFERENCES organizations (id),
+  restored_org_id uuid REFERENCES organizations (id),
   report jsonb,
   error_code text,
   error_detail text,
@@ -51,7 +52,7 @@ ALTER TABLE imports ENABLE ROW LEVEL SECURITY;
 ALTER TABLE imports FORCE ROW LEVEL SECURITY;
 CREATE POLICY own_imports ON imports USING (user_id = {USER}) WITH CHECK (user_id = {USER});
 GRANT SELECT, INSERT ON imports TO space_app;
-GRANT UPDATE (state, progress, phase, org_id, report, error_code, error_detail, completed_at) ON imports TO space_app;
+GRANT UPDATE (state, progress, phase, restored_org_id, report, error_code, error_detail, completed_at) ON imports TO space_app;
 
 ALTER TABLE users ADD COLUMN placeholder boolean NOT NULL DEFAULT false;
 GRANT UPDATE (name, placeholder) ON users TO space_app;

@@ -87,8 +87,7 @@ def _tenant_counts(owner: psycopg.Connection[Any]) -> dict[str, int]:
             " AND t.table_type = 'BASE TABLE' ORDER BY 1"
         ).fetchall()
     ]
-    # The import's own row is the importer's (it names an org only once one was restored), not a tenant row.
-    counts = {t: owner.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables if t != "imports"}  # type: ignore[index]
+    counts = {t: owner.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables}  # type: ignore[index]
     counts["organizations"] = owner.execute("SELECT count(*) FROM organizations").fetchone()[0]  # type: ignore[index]
     counts["users"] = owner.execute("SELECT count(*) FROM users").fetchone()[0]  # type: ignore[index]
     return counts

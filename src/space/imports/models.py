@@ -36,7 +36,8 @@ class Import(Base):
     phase: Mapped[str | None]
     dry_run: Mapped[bool] = mapped_column(default=False)
     new_ids: Mapped[bool] = mapped_column(default=False)
-    org_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("organizations.id"))
+    org_id: Mapped[uuid.UUID | None] = mapped_column("restored_org_id", ForeignKey("organizations.id"))
+    """The org the restore made (the column is `restored_org_id`: the row is the importer's, not a tenant row)."""
     report: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     error_code: Mapped[str | None]
     error_detail: Mapped[str | None]

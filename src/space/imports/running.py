@@ -87,7 +87,7 @@ async def run_import(
                         progress=100,
                         org_id=org_id,
                         report=report,
-                        completed_at=func.now(),
+                        completed_at=func.clock_timestamp(),
                     )
                 )
                 if org_id is not None:
@@ -124,6 +124,6 @@ async def _fail(db: Database, tenant: Tenant, import_id: uuid.UUID, path: str, c
         phase=None,
         error_code=code,
         error_detail=detail,
-        completed_at=func.now(),
+        completed_at=func.clock_timestamp(),
     )
     discard(path)
