@@ -10,7 +10,7 @@ import logging
 from typing import Annotated, Any
 
 from litestar import Controller, Request, Response, get, post
-from litestar.datastructures import State
+from litestar.datastructures import ResponseHeader, State
 from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, FromQuery, QueryParameter
 from saq import Queue
@@ -18,9 +18,12 @@ from saq import Queue
 from space.auth.service import Principal
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
-from space.errors import InvalidRequest
+from space.errors import InvalidRequest, OrgLimitReached
 from space.imports import service
+from space.imports.restore import IdsInUse
 from space.imports.schemas import ImportOut
+from space.imports.service import TooLarge
+from space.openapi import refusals
 from space.orgs.deps import parse_id
 
 log = logging.getLogger("space.imports")
@@ -37,7 +40,13 @@ class ImportController(Controller):
     tags = ["imports"]
     dependencies = {"app_state": Provide(_provide_state, sync_to_thread=False)}
 
-    @post("/", status_code=202, request_max_body_size=None)
+    @post(
+        "/",
+        status_code=202,
+        request_max_body_size=None,
+        responses=refusals(TooLarge, IdsInUse, OrgLimitReached),
+        response_headers=[ResponseHeader(name="Location", documentation_only=True, description="The import's URL.")],
+    )
     async def create(
         self,
         request: Request[Any, Any, Any],

@@ -5,6 +5,8 @@ import { $, answer, failure } from "./ui.js";
 
 const POLL_MS = 1000;
 
+const some = (n, one) => `${n} ${one}${n === 1 ? "" : "s"}`;
+
 function upload(file, query, onProgress) {
   return new Promise((resolve, reject) => {
     const xhr = new XMLHttpRequest();
@@ -37,10 +39,10 @@ export function report(imp) {
   }
   const r = imp.report || {};
   const c = r.counts || {};
-  const counts = `${c.members ?? 0} members, ${c.projects ?? 0} projects, ${c.tasks ?? 0} tasks, ${c.tickets ?? 0} tickets`;
+  const counts = ["member", "project", "task", "ticket"].map((k) => some(c[`${k}s`] ?? 0, k)).join(", ");
   const members = r.members || { matched: [], placeholders: [] };
   const people =
-    `${members.matched.length} members matched people here` +
+    `${some(members.matched.length, "member")} matched people here` +
     (members.placeholders.length
       ? `; ${members.placeholders.length} have no account yet (${members.placeholders.join(", ")}) and join when one is made for them.`
       : ".");
@@ -52,7 +54,7 @@ export function report(imp) {
   const verified = r.verified
     ? "It was read back and matches the archive exactly."
     : "It was read back but does not match the archive exactly (see the report's files).";
-  return `${imp.name} was restored: ${counts}. ${people}${mapped ? ` ${mapped} ids were given new ones.` : ""} ${verified}`;
+  return `${imp.name} was restored: ${counts}. ${people}${mapped ? ` ${some(mapped, "id")} given new ones.` : ""} ${verified}`;
 }
 
 async function follow(id, bar, slot, done) {
