@@ -150,10 +150,28 @@ async def test_a_dry_run_reports_and_writes_nothing(
     assert dry["report"]["counts"] == {"members": 5, "projects": 2, "tasks": 5, "tickets": 5}
     assert dry["report"]["idsInUse"] == 7 and len(dry["report"]["members"]["matched"]) == 5
     assert _tenant_counts(owner) == counts
+    # Without newIds a dry run reports the ids in use instead of refusing them.
+    plain = await _restore(api, db, settings, org.owner, content, "name=Dry&dryRun=true")
+    assert plain["state"] == "completed" and plain["report"]["needsNewIds"] is True, plain
+    assert plain["report"]["idsInUse"] == 7
+    assert _tenant_counts(owner) == counts
+
+
+def _reassigned(tickets: bytes) -> bytes:
+    """The first ticket assigned to a membership the archive does not have."""
+    first, rest = tickets.split(b"\n", 1)
+    line = json.loads(first)
+    line["assigneeId"] = str(uuid.uuid4())
+    return json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n" + rest
 
 
 def _rebuild(
-    content: bytes, change: dict[str, bytes | None], *, manifest: bool = True, extra: str | None = None
+    content: bytes,
+    change: dict[str, bytes | None],
+    *,
+    manifest: bool = True,
+    extra: str | None = None,
+    version: int = 2,
 ) -> bytes:
     """The archive with members replaced (None: removed), and the manifest made to agree when `manifest`."""
     source = zipfile.ZipFile(io.BytesIO(content))
@@ -164,6 +182,7 @@ def _rebuild(
         else:
             members[name] = data
     doc = json.loads(members["manifest.json"])
+    doc["schemaVersion"] = version
     if manifest:
         for f in doc["files"]:
             if f["name"] in members:
@@ -188,7 +207,18 @@ def _bomb() -> bytes:
 
 
 @pytest.mark.parametrize(
-    "case", ["changed_byte", "missing_member", "extra_member", "dot_dot_name", "bad_line", "zip_bomb", "not_a_zip"]
+    "case",
+    [
+        "changed_byte",
+        "missing_member",
+        "extra_member",
+        "dot_dot_name",
+        "bad_line",
+        "zip_bomb",
+        "not_a_zip",
+        "version_1",
+        "unknown_assignee",
+    ],
 )
 async def test_a_broken_archive_fails_archive_invalid_and_leaves_no_row(
     api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any], case: str
@@ -210,6 +240,11 @@ async def test_a_broken_archive_fails_archive_invalid_and_leaves_no_row(
         ),
         "zip_bomb": (_bomb(), "ZIP bomb"),
         "not_a_zip": (b"PK\x03\x04 not really", "not a readable ZIP"),
+        "version_1": (_rebuild(content, {}, version=1), "schemaVersion 1 is not supported"),
+        "unknown_assignee": (
+            _rebuild(content, {"data/tickets.jsonl": _reassigned(tickets)}),
+            "data/tickets.jsonl, line 1: the ticket's assignee",
+        ),
     }[case]
     counts = _tenant_counts(owner)
     failed = await _restore(api, db, settings, org.owner, body, "name=Broken&newIds=true")

@@ -66,12 +66,15 @@ async def run_import(
 
         with zipfile.ZipFile(path) as archive:
             async with UnitOfWork(db.sessionmaker, tenant) as uow:
-                plan = await restore.plan(uow, archive, checked, new_ids, email)
+                # A dry run reports ids in use rather than refusing them.
+                plan = await restore.plan(uow, archive, checked, new_ids or dry_run, email)
                 report: dict[str, Any] = {
                     "counts": _counts(checked),
                     "members": {"matched": plan.matched, "placeholders": plan.placeholder_emails},
                     "idsInUse": plan.in_use,
                 }
+                if dry_run and plan.in_use and not new_ids:
+                    report["needsNewIds"] = True
                 org_id = None
                 if not dry_run:
                     org_id = await restore.write(uow, archive, checked, plan, name, settings.orgs_per_user, progress)

@@ -111,7 +111,7 @@ async def create(
     created = await orgs.created_orgs(uow.session, principal.user_id)
     if created >= settings.orgs_per_user:
         raise OrgLimitReached(f"You created {created} organizations; at most {settings.orgs_per_user} are allowed.")
-    if not flags["new_ids"]:
+    if not flags["new_ids"] and not flags["dry_run"]:
         ids = first_ids(path)
         if ids:
             conn = await driver_connection(uow.session)
