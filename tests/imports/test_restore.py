@@ -1,23 +1,27 @@
 """Restore (SPEC §23): an org archived, deleted, purged and restored has every row again, and its new archive's data
 files have the original's sha256; with the original present, 409 ids_in_use or newIds with a map; dryRun writes
 nothing; a broken archive fails archive_invalid (or 413 too_large) and leaves no row in any tenant table; another
-user's import is 404; a placeholder member is claimed by `space users add` (auth.create_user)."""
+user's import is 404; a placeholder member is claimed by `space users add` (the real command)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
+import os
+import subprocess
+import sys
 import uuid
 import zipfile
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from space.auth import service as auth
 from space.config import Settings
-from space.db import Database, UnitOfWork
+from space.db import Database
 from space.imports.running import run_import
 from space.orgs.jobs import purge_org
 from tests.exports.fixtures import add_project, add_tickets, completed_export, download, tuned, uid
@@ -292,7 +296,7 @@ async def test_another_users_import_is_404_and_the_name_is_required(api: Api, db
 
 
 async def test_an_unknown_email_becomes_a_placeholder_that_users_add_claims(
-    api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any]
+    api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any], owner_url: str
 ) -> None:
     org = await _seeded(api, db)
     content = await _archive(api, db, settings, org)
@@ -304,9 +308,21 @@ async def test_an_unknown_email_becomes_a_placeholder_that_users_add_claims(
     done = await _restore(api, db, settings, org.owner, changed, "name=Placeholder&newIds=true")
     assert done["state"] == "completed", done
     assert done["report"]["members"]["placeholders"] == [newcomer]
-    async with UnitOfWork(db.sessionmaker) as uow:
-        user = await auth.create_user(uow.session, newcomer, "New Comer")
-        token = await auth.issue_token(uow.session, user.id)
+    row = owner.execute("SELECT placeholder FROM users WHERE email = %s", [newcomer]).fetchone()
+    assert row == (True,)
+    # `space users add` with that email claims the placeholder: it prints a token, and the membership is theirs.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPACE_")}
+    space = str(Path(sys.executable).with_name("space"))
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [space, "users", "add", newcomer, "--name", "New Comer"],
+        env={**env, "DATABASE_URL": owner_url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    token = out.stdout.strip().splitlines()[-1]
     r = await api.client.get("/orgs", headers={"Authorization": f"Bearer {token}"})
     assert done["orgId"] in [o["id"] for o in r.json()["items"]]
     row = owner.execute("SELECT name, placeholder FROM users WHERE email = %s", [newcomer]).fetchone()

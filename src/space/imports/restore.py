@@ -52,6 +52,8 @@ class Plan:
     ids: dict[str, dict[uuid.UUID, uuid.UUID]] = field(default_factory=lambda: {"project": {}, "task": {}})
     memberships: dict[uuid.UUID, uuid.UUID] = field(default_factory=dict)
     in_use: int = 0
+    creators_reassigned: int = 0
+    """Tickets whose creator was no member of the archive: the importer is their creator here."""
 
     def id_map(self) -> dict[str, dict[str, str]]:
         """The report's map: archive id -> new id, for every id that was not kept."""
@@ -198,7 +200,10 @@ async def write(
         async with _staged(cur, "tickets", columns) as copy:
             for k in lines(archive, TICKETS):
                 assignee = None if k.assignee_id is None else membership.get(k.assignee_id, k.assignee_id)
-                creator = users.get(k.creator_id, importer)
+                creator = users.get(k.creator_id)
+                if creator is None:
+                    creator = importer
+                    plan_.creators_reassigned += 1
                 await copy.write_row(
                     (
                         org_id,

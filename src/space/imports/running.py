@@ -81,6 +81,8 @@ async def run_import(
                     await _set(db, tenant, import_id, phase="verifying", progress=90)
                     report.update(await verify.verify(uow, org_id, plan, checked.manifest))
                 report["idMap"] = plan.id_map()
+                if plan.creators_reassigned:
+                    report["creatorsReassigned"] = plan.creators_reassigned
                 await uow.session.execute(
                     update(Import)
                     .where(Import.user_id == user_id, Import.id == import_id)
