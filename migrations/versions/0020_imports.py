@@ -5,6 +5,8 @@
   (`restored_org_id`) only once a restore completed, and that org's rows are the tenant tables'; the import row
   itself is the importer's, keyed `(user_id, id)`, and has no `org_id` column: it is no tenant row
   (docs/decisions/0095-restore.md says how it fits SPEC §28).
+- `import_chunks`: the uploaded ZIP in pieces of a few MiB, the importer's like its import, until the restore
+  ends (then deleted): the API that took the upload and the worker that restores it need share nothing else.
 - `users.placeholder`: a user a restore made for a member's email that had no user here. It has no token; `space
   users add` with that email claims it (sets the name, clears the flag, prints a token), and the memberships the
   restore gave it are then theirs.
@@ -41,7 +43,6 @@ CREATE TABLE imports (
   report jsonb,
   error_code text,
   error_detail text,
-  spool_path text NOT NULL,
   byte_size bigint NOT NULL,
   created_at timestamptz NOT NULL DEFAULT now(),
   completed_at timestamptz,
@@ -53,6 +54,21 @@ ALTER TABLE imports FORCE ROW LEVEL SECURITY;
 CREATE POLICY own_imports ON imports USING (user_id = {USER}) WITH CHECK (user_id = {USER});
 GRANT SELECT, INSERT ON imports TO space_app;
 GRANT UPDATE (state, progress, phase, restored_org_id, report, error_code, error_detail, completed_at) ON imports TO space_app;
+
+-- The upload itself, in pieces, until its restore ends: any worker of any host can read it.
+CREATE TABLE import_chunks (
+  user_id uuid NOT NULL,
+  import_id uuid NOT NULL,
+  seq integer NOT NULL,
+  data bytea NOT NULL,
+  PRIMARY KEY (user_id, import_id, seq),
+  FOREIGN KEY (user_id, import_id) REFERENCES imports (user_id, id) ON DELETE CASCADE
+);
+ALTER TABLE import_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+ALTER TABLE import_chunks ENABLE ROW LEVEL SECURITY;
+ALTER TABLE import_chunks FORCE ROW LEVEL SECURITY;
+CREATE POLICY own_import_chunks ON import_chunks USING (user_id = {USER}) WITH CHECK (user_id = {USER});
+GRANT SELECT, INSERT, DELETE ON import_chunks TO space_app;
 
 ALTER TABLE users ADD COLUMN placeholder boolean NOT NULL DEFAULT false;
 GRANT UPDATE (name, placeholder) ON users TO space_app;
@@ -82,7 +98,7 @@ DROP POLICY IF EXISTS import_ids ON tasks;
 DROP POLICY IF EXISTS import_ids ON memberships;
 REVOKE UPDATE (name, placeholder) ON users FROM space_app;
 ALTER TABLE users DROP COLUMN IF EXISTS placeholder;
-DROP TABLE IF EXISTS imports;
+DROP TABLE IF EXISTS import_chunks, imports;
 """
 
 

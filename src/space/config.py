@@ -108,8 +108,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     import_byte_limit: PositiveInt = 1_073_741_824
     """Bytes an uploaded archive (POST /imports) may have; beyond it, 413 too_large (SPEC §23)."""
     import_dir: str = ""
-    """Folder where uploaded archives wait for their restore (empty: the system's temporary folder); the API and
-    the export workers must share it (docs/decisions/0095-restore.md)."""
+    """Folder where a process keeps its local copy of an uploaded archive (empty: the system's temporary folder):
+    the API while the body arrives, a worker while it restores it. The upload waits in PostgreSQL between them."""
     trusted_proxies: str = ""
     """Comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client (audit `ip`)."""
     outbound_concurrency: PositiveInt = 8

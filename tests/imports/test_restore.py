@@ -62,6 +62,10 @@ async def _restore(api: Api, db: Database, settings: Settings, user: Any, body: 
     created = r.json()
     assert created["state"] == "queued" and r.headers["location"] == f"/imports/{created['id']}"
     await run_import(settings, db, None, uid(created["id"]), user.id)
+    # The upload was kept in PostgreSQL for any worker, and only until the import ended.
+    with psycopg.connect(settings.database_url) as owner:
+        left = owner.execute("SELECT count(*) FROM import_chunks WHERE import_id = %s", [created["id"]]).fetchone()
+    assert left == (0,)
     r = await api.call("GET", f"/imports/{created['id']}", user)
     assert r.status_code == 200, r.text
     result: dict[str, Any] = r.json()

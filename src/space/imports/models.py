@@ -7,7 +7,7 @@ import enum
 import uuid
 from typing import Any
 
-from sqlalchemy import ForeignKey
+from sqlalchemy import ForeignKey, LargeBinary
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -41,7 +41,17 @@ class Import(Base):
     report: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     error_code: Mapped[str | None]
     error_detail: Mapped[str | None]
-    spool_path: Mapped[str]
     byte_size: Mapped[int]
     created_at: Mapped[dt.datetime] = created_at()
     completed_at: Mapped[dt.datetime | None]
+
+
+class ImportChunk(Base):
+    """A piece of an uploaded archive, kept until its restore ends (migration 0020)."""
+
+    __tablename__ = "import_chunks"
+
+    user_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    import_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    seq: Mapped[int] = mapped_column(primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)

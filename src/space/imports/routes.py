@@ -1,7 +1,8 @@
 """HTTP routes of imports (SPEC §23): upload an archive to restore, then follow it. Thin: spool, one service call.
 
 The upload route takes no unit of work while the body arrives (a slow upload must not hold a database
-connection): the body is spooled first, then one transaction writes the row, and the job is enqueued after it.
+connection): the body is spooled to a local file first, then one transaction writes the row and the upload's
+pieces, the local file is removed, and the job is enqueued after the commit.
 """
 
 from __future__ import annotations
@@ -78,9 +79,9 @@ class ImportController(Controller):
                         log.exception("enqueue of import %s failed", created.id)
 
                 uow.after_commit(enqueue)
-        except BaseException:
+        finally:
+            # Stored with the row (or refused): the local copy is not needed any more.
             service.discard(path)
-            raise
         return Response(created, status_code=202, headers={"Location": f"/imports/{created.id}"})
 
     @get("/{import_id:str}")

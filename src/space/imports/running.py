@@ -3,7 +3,8 @@
 Safe to run twice: a row already completed or failed is left alone; a row left `running` by a worker that died
 is run again from the start (nothing of it was committed: the restore is one transaction). Progress is written
 in short transactions of its own, beside the long one: 1-10 checking, 10-90 writing rows, 90-99 verifying.
-Whatever the outcome, the spooled upload is removed once the row says it.
+The upload is fetched from `import_chunks` into a local file of this worker's; whatever the outcome, its pieces
+are deleted in the transaction that ends the import, and the local file once it has ended.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.errors import SpaceError
 from space.exports.formats.datafiles import FILES
-from space.imports import reading, restore, verify
+from space.imports import reading, restore, upload, verify
 from space.imports.models import Import, ImportState
 from space.imports.service import discard
 from space.notifications.models import NotificationType
@@ -54,8 +55,10 @@ async def run_import(
         if row is None or row.state not in (ImportState.queued, ImportState.running):
             return "skipped"
         row.state, row.phase, row.progress = ImportState.running.value, "checking", 1
-        path, name, dry_run, new_ids = row.spool_path, row.name, row.dry_run, row.new_ids
+        name, dry_run, new_ids = row.name, row.dry_run, row.new_ids
         email = await uow.session.scalar(select(User.email).where(User.id == user_id)) or ""
+    async with UnitOfWork(db.sessionmaker, tenant) as uow:
+        path = await upload.fetch(uow.session, settings, user_id, import_id)
     try:
         checked = await asyncio.to_thread(reading.check, path, settings.archive_byte_limit)
         total = max(1, sum(checked.rows.values()))
@@ -106,6 +109,7 @@ async def run_import(
                         import_id=import_id,
                     )
                     await notify(uow, queue, notice)
+                await upload.drop(uow.session, user_id, import_id)
         discard(path)
         return ImportState.completed.value
     except reading.ArchiveInvalid as exc:
@@ -121,14 +125,18 @@ async def run_import(
 
 async def _fail(db: Database, tenant: Tenant, import_id: uuid.UUID, path: str, code: str, detail: str) -> None:
     log.info("import %s failed: %s", import_id, code)
-    await _set(
-        db,
-        tenant,
-        import_id,
-        state=ImportState.failed.value,
-        phase=None,
-        error_code=code,
-        error_detail=detail,
-        completed_at=func.clock_timestamp(),
-    )
+    async with UnitOfWork(db.sessionmaker, tenant) as uow:
+        await uow.session.execute(
+            update(Import)
+            .where(Import.user_id == tenant.user_id, Import.id == import_id)
+            .values(
+                state=ImportState.failed.value,
+                phase=None,
+                error_code=code,
+                error_detail=detail,
+                completed_at=func.clock_timestamp(),
+            )
+        )
+        assert tenant.user_id is not None
+        await upload.drop(uow.session, tenant.user_id, import_id)
     discard(path)

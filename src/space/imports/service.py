@@ -1,9 +1,10 @@
-"""Imports (SPEC §23): the upload spooled to a file (never held in memory), its row, and the importer's view.
+"""Imports (SPEC §23): the upload spooled (never held in memory), its row, and the importer's view.
 
-The body is written to `SPACE_IMPORT_DIR` as it arrives and refused past `SPACE_IMPORT_BYTE_LIMIT` (413
-`too_large`, the file removed). Before answering 202 the upload is looked at once, cheaply: the first ids of its
-projects and tasks, so that restoring an archive whose original is still here answers 409 `ids_in_use` at once
-(the restore checks every id again). The row is written, and the restore job enqueued after the commit.
+The body is written to a local file in `SPACE_IMPORT_DIR` as it arrives and refused past
+`SPACE_IMPORT_BYTE_LIMIT` (413 `too_large`, the file removed). Before answering 202 the upload is looked at once,
+cheaply: the first ids of its projects and tasks, so that restoring an archive whose original is still here
+answers 409 `ids_in_use` at once (the restore checks every id again). The row is written with the upload's pieces
+(`upload.store`: any worker of any host can restore it), and the restore job enqueued after the commit.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from space.db import UnitOfWork, driver_connection
 from space.db.locks import lock_user
 from space.errors import InvalidRequest, NotFound, OrgLimitReached, SpaceError
 from space.exports.formats.datafiles import PROJECTS, TASKS
+from space.imports import upload
 from space.imports.models import Import
 from space.imports.restore import IdsInUse
 from space.imports.schemas import ImportOut
@@ -40,16 +42,9 @@ class TooLarge(SpaceError):
     status, code, title = 413, "too_large", "The archive is too large"
 
 
-def spool_dir(settings: Settings) -> str:
-    """Where uploads wait (made on first use)."""
-    path = settings.import_dir or os.path.join(tempfile.gettempdir(), "space-imports")
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
 async def spool(settings: Settings, body: AsyncIterator[bytes]) -> tuple[str, int]:
     """Write the body to a new file; (its path, its size). Past the limit: the file removed, 413."""
-    fd, path = tempfile.mkstemp(prefix="import-", suffix=".zip", dir=spool_dir(settings))
+    fd, path = tempfile.mkstemp(prefix="import-", suffix=".zip", dir=upload.local_dir(settings))
     size = 0
     try:
         with os.fdopen(fd, "wb") as out:
@@ -128,11 +123,11 @@ async def create(
         name=name,
         dry_run=flags["dry_run"],
         new_ids=flags["new_ids"],
-        spool_path=path,
         byte_size=size,
     )
     uow.session.add(row_)
     await uow.session.flush()
+    await upload.store(uow.session, principal.user_id, row_.id, path)
     await uow.session.refresh(row_)
     return out(row_)
 
