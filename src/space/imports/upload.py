@@ -2,7 +2,7 @@
 export results), so that any worker of any host restores what any API host took.
 
 The API spools the body to a local file as it arrives (bounded, never in memory), then `store` copies the file
-into pieces in the import's own transaction, and the local file is removed. The worker `fetch`es the pieces into
+into 1 MiB pieces in the import's own transaction, and the local file is removed. The worker `fetch`es the pieces into
 a local file of its own (zipfile reads a ZIP from its end, so it needs a file to seek in), one piece at a time;
 `drop` deletes them when the import ends.
 """
@@ -13,13 +13,18 @@ import os
 import tempfile
 import uuid
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.config import Settings
+from space.db import driver_connection
 from space.imports.models import ImportChunk
 
-PIECE_BYTES = 4 * 1024 * 1024
+PIECE_BYTES = 1024 * 1024
+_NEXT = (
+    "SELECT seq, data FROM import_chunks WHERE user_id = %(user)s AND import_id = %(import)s AND seq > %(after)s"
+    " ORDER BY seq LIMIT 1"
+)
 
 
 def local_dir(settings: Settings) -> str:
@@ -43,22 +48,19 @@ async def fetch(session: AsyncSession, settings: Settings, user_id: uuid.UUID, i
     """The upload as a local file (the caller removes it): its pieces read one at a time, in order."""
     fd, path = tempfile.mkstemp(prefix="import-", suffix=".zip", dir=local_dir(settings))
     try:
-        with os.fdopen(fd, "wb") as out:
-            seq = -1
-            while True:
-                row = (
-                    await session.execute(
-                        select(ImportChunk.seq, ImportChunk.data)
-                        .where(ImportChunk.user_id == user_id, ImportChunk.import_id == import_id)
-                        .where(ImportChunk.seq > seq)
-                        .order_by(ImportChunk.seq)
-                        .limit(1)
-                    )
-                ).one_or_none()
-                if row is None:
-                    return path
-                seq = row.seq
-                out.write(row.data)
+        conn = await driver_connection(session)
+        # Binary: bytea arrives as its bytes, not as hex text twice their size.
+        async with conn.cursor(binary=True) as cur:
+            with os.fdopen(fd, "wb") as out:
+                seq = -1
+                while True:
+                    await cur.execute(_NEXT, {"user": user_id, "import": import_id, "after": seq})
+                    row = await cur.fetchone()
+                    if row is None:
+                        return path
+                    seq, data = row
+                    out.write(data)
+                    del row, data
     except BaseException:
         os.remove(path)
         raise
