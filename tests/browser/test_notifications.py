@@ -129,6 +129,7 @@ async def test_an_email_type_turned_off_stays_off(api: Api, open_page: OpenPage)
         "An export of mine failed",
         "An export of mine was cancelled by someone else",
         "An organization I own is to be deleted",
+        "An archive I uploaded was restored",
     ]
     for label in labels:
         await expect(page.get_by_label(label, exact=True)).to_be_checked()
@@ -149,6 +150,7 @@ async def test_an_email_type_turned_off_stays_off(api: Api, open_page: OpenPage)
             "export.failed": False,
             "export.cancelled": True,
             "org.deletion_requested": True,
+            "import.completed": True,
         }
     }
     await page.reload()
