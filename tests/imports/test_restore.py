@@ -155,6 +155,8 @@ async def test_a_dry_run_reports_and_writes_nothing(
     counts = _tenant_counts(owner)
     dry = await _restore(api, db, settings, org.owner, content, "name=Dry&dryRun=true&newIds=true")
     assert dry["state"] == "completed" and dry["dryRun"] is True and dry["orgId"] is None
+    # Safe to run twice: a finished import is left as it is.
+    assert await run_import(settings, db, None, uid(dry["id"]), org.owner.id) == "skipped"
     assert dry["report"]["counts"] == {"members": 5, "projects": 2, "tasks": 5, "tickets": 5}
     assert dry["report"]["idsInUse"] == 7 and len(dry["report"]["members"]["matched"]) == 5
     assert _tenant_counts(owner) == counts
@@ -331,3 +333,25 @@ async def test_an_unknown_email_becomes_a_placeholder_that_users_add_claims(
     assert done["orgId"] in [o["id"] for o in r.json()["items"]]
     row = owner.execute("SELECT name, placeholder FROM users WHERE email = %s", [newcomer]).fetchone()
     assert row == ("New Comer", False)
+
+
+async def test_the_new_org_counts_against_the_importers_org_limit(
+    api: Api, db: Database, settings: Settings, owner: psycopg.Connection[Any], tmp_path: Any
+) -> None:
+    from litestar.testing import AsyncTestClient
+
+    from space.app import create_app
+
+    org = await _seeded(api, db)
+    content = await _archive(api, db, settings, org)
+    counts = _tenant_counts(owner)
+    one = tuned(settings, orgs_per_user=1, import_dir=str(tmp_path))  # the owner created one org: theirs
+    async with AsyncTestClient(app=create_app(one)) as client:
+        r = await client.post(
+            "/imports?name=OneTooMany&newIds=true",
+            content=content,
+            headers={**org.owner.headers, "content-type": "application/zip"},
+        )
+    assert_problem(r, 409, "org_limit_reached")
+    assert list(tmp_path.iterdir()) == []
+    assert _tenant_counts(owner) == counts
