@@ -167,7 +167,7 @@ def import_job(settings: Settings, import_id: uuid.UUID, user_id: uuid.UUID) -> 
         kwargs={"import_id": str(import_id), "user_id": str(user_id)},
         key=f"import-{import_id}",
         timeout=int(settings.archive_timeout_seconds) + 60,
-        retries=1,
+        retries=2,  # SAQ counts runs: one more if a worker died mid-restore (nothing of it was committed)
     )
 
 
