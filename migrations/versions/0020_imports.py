@@ -14,6 +14,8 @@
   (ids only; SECURITY DEFINER, pinned `search_path`, executable by `space_app` alone), so a restore keeps an
   archive's ids only where they are free in the whole installation, which RLS would hide from the app role.
   SELECT policies for the function's owner let it see every row when that role has no BYPASSRLS.
+- `space_imports_waiting(interval, integer)`: imports queued for longer than the grace (their queue entry was
+  lost after the commit), ids only, for the export lane's reconciler to enqueue again (the same kind of function).
 
 Revision ID: 0020
 Revises: 0019
@@ -89,9 +91,25 @@ COMMENT ON FUNCTION space_import_ids_in_use(uuid[]) IS
   'SPEC 23 restore: which of these ids a project, task or membership of any org has. Ids only.';
 REVOKE ALL ON FUNCTION space_import_ids_in_use(uuid[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION space_import_ids_in_use(uuid[]) TO space_app;
+
+-- What the reconciler reads, and no more: imports still waiting for their job.
+CREATE POLICY maintenance_imports ON imports FOR SELECT TO CURRENT_USER USING (state = 'queued');
+CREATE FUNCTION space_imports_waiting(p_grace interval, p_limit integer)
+  RETURNS TABLE (import_id uuid, import_user_id uuid)
+  LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+  SELECT i.id, i.user_id FROM public.imports i
+  WHERE i.state = 'queued' AND i.created_at < clock_timestamp() - p_grace
+  ORDER BY i.created_at LIMIT p_limit
+$$;
+COMMENT ON FUNCTION space_imports_waiting(interval, integer) IS
+  'SPEC 23 restore: imports queued longer than p_grace (their queue entry may be lost). Ids only.';
+REVOKE ALL ON FUNCTION space_imports_waiting(interval, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION space_imports_waiting(interval, integer) TO space_app;
 """
 
 DOWNGRADE = """
+DROP FUNCTION IF EXISTS space_imports_waiting(interval, integer);
 DROP FUNCTION IF EXISTS space_import_ids_in_use(uuid[]);
 DROP POLICY IF EXISTS import_ids ON projects;
 DROP POLICY IF EXISTS import_ids ON tasks;

@@ -355,3 +355,28 @@ async def test_the_new_org_counts_against_the_importers_org_limit(
     assert_problem(r, 409, "org_limit_reached")
     assert list(tmp_path.iterdir()) == []
     assert _tenant_counts(owner) == counts
+
+
+async def test_a_queued_import_whose_entry_was_lost_is_enqueued_again(
+    api: Api, db: Database, settings: Settings
+) -> None:
+    from sqlalchemy import text
+
+    from space.db import UnitOfWork
+    from space.imports.service import reconcile
+
+    org = await api.org()
+    r = await _post(api, org.owner, b"PK not a zip", "name=Waiting&dryRun=true")
+    assert r.status_code == 202, r.text
+    waiting = r.json()["id"]
+
+    async def listed() -> set[str]:
+        async with UnitOfWork(db.sessionmaker) as uow:
+            rows = await uow.session.execute(text("SELECT import_id FROM space_imports_waiting(interval '0', 1000)"))
+            return {str(row[0]) for row in rows}
+
+    assert waiting in await listed()
+    # The reconciler puts it on the queue again (SAQ keeps one entry per import's key: never two runs at once).
+    assert await reconcile(db, settings, api.client.app.state.queue, grace=0, limit=1000) >= 1
+    await run_import(settings, db, None, uid(waiting), org.owner.id)
+    assert waiting not in await listed()

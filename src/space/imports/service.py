@@ -10,6 +10,7 @@ answers 409 `ids_in_use` at once (the restore checks every id again). The row is
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import uuid
@@ -19,7 +20,7 @@ from typing import Any
 
 import msgspec
 from saq import Job, Queue
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from space.auth.service import Principal
 from space.config import Settings
@@ -35,6 +36,7 @@ from space.orgs import service as orgs
 from space.schemas import Name
 
 RUN_IMPORT = "run_import_job"
+log = logging.getLogger("space.imports")
 _FIRST_IDS = 10_000
 
 
@@ -174,3 +176,27 @@ def import_job(settings: Settings, import_id: uuid.UUID, user_id: uuid.UUID) -> 
 async def enqueue(queue: Queue, settings: Settings, import_id: uuid.UUID, user_id: uuid.UUID) -> Any:
     """Put the restore on the export lane's queue (after the commit)."""
     return await queue.enqueue(import_job(settings, import_id, user_id))
+
+
+RECONCILE_GRACE_SECONDS = 60
+"""An import queued this long may have lost its queue entry (an enqueue after the commit that failed)."""
+
+
+async def reconcile(
+    db: Any, settings: Settings, queue: Queue, grace: float = RECONCILE_GRACE_SECONDS, limit: int = 100
+) -> int:
+    """Enqueue again every import queued for longer than `grace` seconds; SAQ keeps one entry per import (its key),
+    so one that still has its entry is not doubled. How many were found."""
+    async with UnitOfWork(db.sessionmaker) as uow:
+        rows = (
+            await uow.session.execute(
+                text("SELECT import_id, import_user_id FROM space_imports_waiting(make_interval(secs => :g), :n)"),
+                {"g": grace, "n": limit},
+            )
+        ).all()
+    for import_id, user_id in rows:
+        try:
+            await enqueue(queue, settings, import_id, user_id)
+        except Exception:
+            log.exception("enqueue of import %s failed; the next round tries again", import_id)
+    return len(rows)
