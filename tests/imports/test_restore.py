@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
@@ -24,6 +25,7 @@ from space.config import Settings
 from space.db import Database
 from space.imports.running import run_import
 from space.orgs.jobs import purge_org
+from tests.browser.conftest import serving
 from tests.exports.fixtures import add_project, add_tickets, completed_export, download, tuned, uid
 from tests.helpers import Api, Org, assert_problem
 
@@ -279,6 +281,17 @@ async def test_a_body_over_the_limit_is_413_too_large(
             "/imports?name=Big",
             content=b"x" * 5000,
             headers={**org.owner.headers, "content-type": "application/zip"},
+        )
+        assert_problem(r, 413, "too_large")  # its Content-Length said so: refused before reading
+
+    async def chunked() -> Any:
+        for _ in range(5):
+            yield b"x" * 1000
+
+    # Sent without a length (chunked, over a real socket): refused as the spooled body passes the limit.
+    async with serving(small) as url, httpx.AsyncClient(base_url=url) as http:
+        r = await http.post(
+            "/imports?name=Big", content=chunked(), headers={**org.owner.headers, "content-type": "application/zip"}
         )
     assert_problem(r, 413, "too_large")
     assert list(tmp_path.iterdir()) == []

@@ -66,6 +66,12 @@ class ImportController(Controller):
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media != "application/zip":
             raise InvalidRequest("The body must be the archive itself, sent as Content-Type: application/zip.")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > settings.import_byte_limit:
+            # Said up front: refused before a byte is read.
+            raise service.TooLarge(
+                f"The archive passes the limit of {settings.import_byte_limit} bytes (SPACE_IMPORT_BYTE_LIMIT)."
+            )
         path, size = await service.spool(settings, request.stream())
         try:
             async with UnitOfWork(db.sessionmaker, Tenant(user_id=principal.user_id)) as uow:
