@@ -45,7 +45,12 @@ Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a
    the tickets CSV's COPY of the same rows. `--phases xlsx` runs only these two (orgs of tickets only, no tasks;
    with `--tickets` equal to `--small-tickets`, the one case), lines also in results/xlsx.json.
 
-`--phases` picks some of them (`cases,links,fairness,downloads,up,scaling,s3,wide,xlsx`; default: all).
+11. restore (SPEC §23, §24; `benchmarks.restore`): the archive of an org of `--small-tickets` and of `--tickets`
+   tickets restored through `POST /imports` by a real worker, each beside PostgreSQL's COPY FROM of the same
+   tickets, with the worker's peak RSS; on a database of its own (`--restore-only` runs just this), lines
+   `case=restore_...`, also in results/restore.json.
+
+`--phases` picks some of them (`cases,links,fairness,downloads,up,scaling,s3,wide,xlsx,restore`; default: all).
 
 Prints one line per case (and the fairness line) on stdout and writes them to benchmarks/results/latest.json
 (fairness: results/fairness.json; the download cases: results/downloads.json); progress and the status-route latencies go to stderr (and
@@ -96,7 +101,7 @@ BACKLOG = 20
 """Queued exports of one org in the fairness phase."""
 SMALL_TICKETS = 1_000
 """Tickets of the small org whose export the fairness phase times."""
-PHASES = ("cases", "links", "fairness", "downloads", "up", "scaling", "s3", "wide", "xlsx")
+PHASES = ("cases", "links", "fairness", "downloads", "up", "scaling", "s3", "wide", "xlsx", "restore")
 WIDE_ROWS = 200_000
 """Tickets, and tasks, of the wide-row cases."""
 WIDE_CHARS = 500
@@ -1102,9 +1107,19 @@ def main(argv: list[str] | None = None) -> None:
         print(" ".join(f"{k}={_fmt(v)}" for k, v in scaled.items()))
         (RESULTS / "workers_scaling.json").write_text(json.dumps(scaled, indent=2) + "\n")
         return
-    cases, fair, latency, many, scaled, s3, wide = asyncio.run(
-        run(args.tickets, args.small_tickets, args.tasks, args.scaling_orgs, args.scaling_tickets, phases)
+    restored: list[dict[str, Any]] = []
+    if "restore" in phases:
+        # On a database of its own (benchmarks.restore), before the others: its lines are printed with theirs.
+        restored = asyncio.run(run_restore(args.tickets, args.small_tickets))
+        (RESULTS / "restore.json").write_text(json.dumps(restored, indent=2) + "\n")
+    others = phases - {"restore"}
+    cases, fair, latency, many, scaled, s3, wide = (
+        asyncio.run(run(args.tickets, args.small_tickets, args.tasks, args.scaling_orgs, args.scaling_tickets, others))
+        if others
+        else ([], {}, {}, [], {}, [], [])
     )
+    for line in restored:
+        print(" ".join(f"{k}={_fmt(v)}" for k, v in line.items()))
     for case in cases:
         print(case.line())
     if fair:
