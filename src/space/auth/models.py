@@ -19,7 +19,7 @@ class User(Base):
     email: Mapped[str]
     name: Mapped[str]
     placeholder: Mapped[bool] = mapped_column(default=False)
-    """Made by a restore for a member's email that had no user (migration 0020); claimed by `create_user`."""
+    """Made by a restore for a member's email that had no user (migration 0022); claimed by `create_user`."""
     created_at: Mapped[dt.datetime] = created_at()
 
 

@@ -1,4 +1,4 @@
-"""The imports table (migration 0020): one upload and its restore, the importer's own row (RLS on app.user_id)."""
+"""The imports table (migration 0022): one upload and its restore, the importer's own row (RLS on app.user_id)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class Import(Base):
 
 
 class ImportChunk(Base):
-    """A piece of an uploaded archive, kept until its restore ends (migration 0020)."""
+    """A piece of an uploaded archive, kept until its restore ends (migration 0022)."""
 
     __tablename__ = "import_chunks"
 

@@ -8,7 +8,7 @@ through `space_import_ids_in_use`, RLS hiding other orgs). Projects and tasks in
 `write` then makes the org (the importer its owner), its ticket counter, and every row with COPY
 (`cursor.copy`, rows written as tuples) as the app role under the new org's RLS context. PostgreSQL has no COPY
 FROM into a table under RLS: each table's rows are copied into a temporary table, then moved with one
-INSERT ... SELECT that the policies check (docs/decisions/0095-restore.md).
+INSERT ... SELECT that the policies check (docs/decisions/0098-restore.md).
 """
 
 from __future__ import annotations

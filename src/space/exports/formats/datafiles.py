@@ -1,7 +1,7 @@
 """The archive's lossless data files (SPEC §23, schemaVersion 2): `data/members.jsonl`, `data/projects.jsonl`,
 `data/tasks.jsonl`, `data/tickets.jsonl`, one JSON object a line, raw values (never formula-guarded).
 
-PostgreSQL writes every line (docs/decisions/0095-restore.md): each is one text expression of fixed key order,
+PostgreSQL writes every line (docs/decisions/0098-restore.md): each is one text expression of fixed key order,
 `to_json` for text (the same escapes every time), timestamps by `to_char` in UTC with six fraction digits, ids as
 their text. `COPY (...) TO STDOUT` in CSV mode with control characters as delimiter and quote (which `to_json`
 always escapes, so nothing is ever quoted) sends the lines as they are, each followed by `\n`. Lines go in a

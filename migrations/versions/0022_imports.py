@@ -4,7 +4,7 @@
   written only with its importer as `app.user_id` (RLS enabled and forced). It names an org
   (`restored_org_id`) only once a restore completed, and that org's rows are the tenant tables'; the import row
   itself is the importer's, keyed `(user_id, id)`, and has no `org_id` column: it is no tenant row
-  (docs/decisions/0095-restore.md says how it fits SPEC §28).
+  (docs/decisions/0098-restore.md says how it fits SPEC §28).
 - `import_chunks`: the uploaded ZIP in pieces of a few MiB, the importer's like its import, until the restore
   ends (then deleted): the API that took the upload and the worker that restores it need share nothing else.
 - `users.placeholder`: a user a restore made for a member's email that had no user here. It has no token; `space
@@ -17,15 +17,15 @@
 - `space_imports_waiting(interval, integer)`: imports queued for longer than the grace (their queue entry was
   lost after the commit), ids only, for the export lane's reconciler to enqueue again (the same kind of function).
 
-Revision ID: 0020
-Revises: 0019
+Revision ID: 0022
+Revises: 0021
 Create Date: 2026-12-04
 """
 
 from alembic import op
 
-revision = "0020"
-down_revision = "0019"
+revision = "0022"
+down_revision = "0021"
 branch_labels = None
 depends_on = None
 
