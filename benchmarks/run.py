@@ -49,7 +49,12 @@ Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a
    1,000 of them changed and its incremental run, both through the real pipeline in one process. Line
    `case=incremental_1m ... ratio=...` (target under 0.05), also in results/incremental.json.
 
-`--phases` picks some of them (`cases,links,fairness,downloads,up,scaling,s3,wide,xlsx`; default: all).
+11. restore (SPEC §23, §24; `benchmarks.restore`): the archive of an org of `--small-tickets` and of `--tickets`
+   tickets restored through `POST /imports` by a real worker, each beside PostgreSQL's COPY FROM of the same
+   tickets, with the worker's peak RSS; on a database of its own (`--restore-only` runs just this), lines
+   `case=restore_...`, also in results/restore.json.
+
+`--phases` picks some of them (`cases,links,fairness,downloads,up,scaling,s3,wide,xlsx,restore`; default: all).
 
 Prints one line per case (and the fairness line) on stdout and writes them to benchmarks/results/latest.json
 (fairness: results/fairness.json; the download cases: results/downloads.json); progress and the status-route latencies go to stderr (and
@@ -100,7 +105,7 @@ BACKLOG = 20
 """Queued exports of one org in the fairness phase."""
 SMALL_TICKETS = 1_000
 """Tickets of the small org whose export the fairness phase times."""
-PHASES = ("cases", "links", "fairness", "downloads", "up", "scaling", "s3", "wide", "xlsx")
+PHASES = ("cases", "links", "fairness", "downloads", "up", "scaling", "s3", "wide", "xlsx", "restore")
 WIDE_ROWS = 200_000
 """Tickets, and tasks, of the wide-row cases."""
 WIDE_CHARS = 500
@@ -1048,6 +1053,27 @@ async def run_links(tickets: int) -> dict[str, Any]:
         return await link_downloads(url, org, status["id"], Path(tmp))
 
 
+async def run_restore(tickets: int, small: int) -> list[dict[str, Any]]:
+    """Only the restore case (`--restore-only`, benchmarks.restore): orgs of `small` and `tickets` tickets."""
+    from benchmarks.restore import restore_case
+
+    with server() as admin, fresh_database(admin) as url, tempfile.TemporaryDirectory() as tmp:
+        log(f"seeding {small} and {tickets} tickets ...")
+        orgs = await seed(url, {"BenchSmall": (small, 0), "Bench1M": (tickets, 0)})
+        port = free_port()
+        api, worker = spawn("api", url, port), spawn("worker", url, port)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
+                await wait_healthy(client, api)
+                return [
+                    await restore_case(client, url, orgs[name], n, worker, Path(tmp))
+                    for name, n in (("BenchSmall", small), ("Bench1M", tickets))
+                ]
+        finally:
+            stop(worker)
+            stop(api)
+
+
 def _size(n: int) -> str:
     return f"{n // 1_000_000}m" if n % 1_000_000 == 0 else f"{n // 1000}k" if n % 1000 == 0 else str(n)
 
@@ -1062,6 +1088,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scaling-tickets", type=int, default=500_000, help="tickets per workers_scaling org (500000)")
     parser.add_argument("--only", choices=["workers_scaling", "incremental"], help="run only this case")
     parser.add_argument("--links-only", action="store_true", help="only the link-download case (results/links.json)")
+    parser.add_argument("--restore-only", action="store_true", help="only the restore case (results/restore.json)")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"some of {','.join(PHASES)} (all)")
     args = parser.parse_args(argv)
     phases = set(args.phases.split(","))
@@ -1079,14 +1106,30 @@ def main(argv: list[str] | None = None) -> None:
 
         incremental(["--tickets", str(args.tickets), "--changed", "1000"])
         return
+    if args.restore_only:
+        restored = asyncio.run(run_restore(args.tickets, args.small_tickets))
+        for line in restored:
+            print(" ".join(f"{k}={_fmt(v)}" for k, v in line.items()))
+        (RESULTS / "restore.json").write_text(json.dumps(restored, indent=2) + "\n")
+        return
     if args.only == "workers_scaling":
         scaled = asyncio.run(run_scaling_only(args.scaling_orgs, args.scaling_tickets))
         print(" ".join(f"{k}={_fmt(v)}" for k, v in scaled.items()))
         (RESULTS / "workers_scaling.json").write_text(json.dumps(scaled, indent=2) + "\n")
         return
-    cases, fair, latency, many, scaled, s3, wide = asyncio.run(
-        run(args.tickets, args.small_tickets, args.tasks, args.scaling_orgs, args.scaling_tickets, phases)
+    restored: list[dict[str, Any]] = []
+    if "restore" in phases:
+        # On a database of its own (benchmarks.restore), before the others: its lines are printed with theirs.
+        restored = asyncio.run(run_restore(args.tickets, args.small_tickets))
+        (RESULTS / "restore.json").write_text(json.dumps(restored, indent=2) + "\n")
+    others = phases - {"restore"}
+    cases, fair, latency, many, scaled, s3, wide = (
+        asyncio.run(run(args.tickets, args.small_tickets, args.tasks, args.scaling_orgs, args.scaling_tickets, others))
+        if others
+        else ([], {}, {}, [], {}, [], [])
     )
+    for line in restored:
+        print(" ".join(f"{k}={_fmt(v)}" for k, v in line.items()))
     for case in cases:
         print(case.line())
     if fair:

@@ -41,6 +41,8 @@ PUBLIC = {
     ("GET", "/ready"),
     ("GET", "/schemas/snapshot-v1.json"),
     ("GET", "/schemas/manifest-v1.json"),
+    ("GET", "/schemas/manifest-v2.json"),
+    *(("GET", f"/schemas/{name}-v2.json") for name in ("members", "projects", "tasks", "tickets")),
 }
 """Routes anyone may call."""
 
@@ -231,6 +233,7 @@ async def test_every_route_rejects_a_missing_or_unknown_token(
         "webhook_id": str(uuid.uuid4()),
         "notification_id": str(uuid.uuid4()),
         "schedule_id": str(uuid.uuid4()),
+        "import_id": str(uuid.uuid4()),
     }
     checked = []
     for path, ops in doc["paths"].items():

@@ -256,6 +256,8 @@ async def test_public_routes_need_no_token_and_every_other_says_401(client: Asyn
         ("get", "/ready"),
         ("get", "/schemas/snapshot-v1.json"),
         ("get", "/schemas/manifest-v1.json"),
+        ("get", "/schemas/manifest-v2.json"),
+        *(("get", f"/schemas/{name}-v2.json") for name in ("members", "projects", "tasks", "tickets")),
     }
     for path, item in doc["paths"].items():
         for method, operation in item.items():

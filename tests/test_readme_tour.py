@@ -29,7 +29,7 @@ SPACE = Path(sys.executable).with_name("space")
 """The installed console script; the tour calls it as `.venv/bin/space`."""
 WAIT = 90.0
 """Seconds `space up` may take to answer /health, and the tour to run (it polls the export's state itself)."""
-VARIABLES = ("BASE", "TOKEN", "ORG", "EXPORT", "STATE", "URL")
+VARIABLES = ("BASE", "TOKEN", "ORG", "EXPORT", "STATE", "URL", "IMPORT", "RESTORE")
 """The tour's variables the checks read afterwards."""
 
 
@@ -138,6 +138,14 @@ def test_the_readme_tour_runs_as_pasted(space_up: tuple[int, Path], tour_databas
     assert "same bytes through the link" in out
     assert body[:100].decode() in out  # `curl -r 0-99`
     assert seen["URL"].startswith("/")
+    # The archive came back as a new org, verified (SPEC §23).
+    assert seen["RESTORE"] == "completed" and "verified: True" in out, out
+    with psycopg.connect(tour_database) as db:
+        [(state, restored, report)] = db.execute(
+            "SELECT state, restored_org_id, report FROM imports WHERE id = %s", (uuid.UUID(seen["IMPORT"]),)
+        ).fetchall()
+        [(restored_name,)] = db.execute("SELECT name FROM organizations WHERE id = %s", (restored,)).fetchall()
+    assert (state, restored_name, report["verified"]) == ("completed", "North restored", True)
     assert out.rstrip().splitlines()[-1] == f"Now open {seen['BASE']}/ in a browser and sign in with {seen['TOKEN']}"
 
 

@@ -17,8 +17,15 @@ from space.config import Settings, parse_networks
 from space.db import Database, app_url, check_app_role
 from space.exports.downloads import DownloadSlots
 from space.exports.links import load_signer
-from space.exports.routes import ExportController, manifest_schema_route, snapshot_schema_route
+from space.exports.routes import (
+    ExportController,
+    line_schema_route,
+    manifest_schema_route,
+    manifest_v2_schema_route,
+    snapshot_schema_route,
+)
 from space.exports.storage.factory import open_result_store
+from space.imports.routes import ImportController
 from space.notifications.routes import MeController
 from space.observability.requests import HTTP_METRICS, request_ids
 from space.openapi import BEARER, SECURITY_SCHEMES, InputSchemas, allow_every_method, complete_document
@@ -106,9 +113,12 @@ def create_app(settings: Settings) -> Litestar:
             projects_router,
             tickets_router,
             ExportController,
+            ImportController,
             AuditController,
             snapshot_schema_route,
             manifest_schema_route,
+            manifest_v2_schema_route,
+            line_schema_route,
             WebhookController,
             ScheduleController,
             web_router,

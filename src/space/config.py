@@ -107,6 +107,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Bytes a complete archive's whole ZIP may take, in bytes (the archive's own export_byte_limit)."""
     archive_timeout_seconds: PositiveFloat = 1800
     """Bound on a complete archive's read transaction, in seconds (the archive's own export_timeout_seconds)."""
+    import_byte_limit: PositiveInt = 1_073_741_824
+    """Bytes an uploaded archive (POST /imports) may have; beyond it, 413 too_large (SPEC §23)."""
+    import_dir: str = ""
+    """Folder where a process keeps its local copy of an uploaded archive (empty: the system's temporary folder):
+    the API while the body arrives, a worker while it restores it. The upload waits in PostgreSQL between them."""
     trusted_proxies: str = ""
     """Comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client (audit `ip`)."""
     outbound_concurrency: PositiveInt = 8
@@ -174,6 +179,8 @@ ENV_VARS: dict[str, str] = {
     "SPACE_ARCHIVE_ROW_LIMIT": "archive_row_limit",
     "SPACE_ARCHIVE_BYTE_LIMIT": "archive_byte_limit",
     "SPACE_ARCHIVE_TIMEOUT_SECONDS": "archive_timeout_seconds",
+    "SPACE_IMPORT_BYTE_LIMIT": "import_byte_limit",
+    "SPACE_IMPORT_DIR": "import_dir",
     "SPACE_QUEUE_NAME": "queue_name",
     "SPACE_RESULT_STORE": "result_store",
     "SPACE_RESULT_REDIRECT": "result_redirect",

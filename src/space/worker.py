@@ -32,6 +32,8 @@ from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_e
 from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT
 from space.exports.storage.factory import open_result_store
+from space.imports.jobs import reconcile_imports_job, run_import_job
+from space.imports.service import RUN_IMPORT
 from space.notifications.jobs import send_email_job, sweep_emails_job
 from space.notifications.outbox import SEND_EMAIL
 from space.observability.metrics import WorkerMetricsServer
@@ -217,10 +219,11 @@ def _export_worker(
         CronJob(guarded(cleanup_exports_job), cron=EVERY_FIVE_MINUTES, timeout=300),
         CronJob(guarded(purge_due_job), cron=EVERY_MINUTE, timeout=300),
         CronJob(guarded(run_due_schedules_job), cron=EVERY_MINUTE, timeout=60),
+        CronJob(guarded(reconcile_imports_job), cron=EVERY_MINUTE, timeout=60),
     ]
     return Worker(
         queue,
-        functions=[(RUN_EXPORT, guarded(run_export_job))],
+        functions=[(RUN_EXPORT, guarded(run_export_job)), (RUN_IMPORT, guarded(run_import_job))],
         cron_jobs=cron_jobs,
         concurrency=settings.worker_concurrency,
         startup=startup,

@@ -130,6 +130,7 @@ async def test_an_email_type_turned_off_stays_off(api: Api, open_page: OpenPage)
         "An export of mine was cancelled by someone else",
         "An organization I own is to be deleted",
         "A schedule I made, or one in an organization I own, was paused",
+        "An archive I uploaded was restored",
     ]
     for label in labels:
         await expect(page.get_by_label(label, exact=True)).to_be_checked()
@@ -151,6 +152,7 @@ async def test_an_email_type_turned_off_stays_off(api: Api, open_page: OpenPage)
             "export.cancelled": True,
             "org.deletion_requested": True,
             "schedule.paused": True,
+            "import.completed": True,
         }
     }
     await page.reload()

@@ -22,6 +22,8 @@ REFERENCE = {
     "link_mints": "per user over all their orgs (SPEC §25 link rate): local to the API's database, or replicated",
     "notification_preferences": "a user's email choices over all orgs: replicated with users",
     "alembic_version": "the schema's revision: on every node",
+    "imports": "an importer's own uploads (RLS on app.user_id), before any org exists: local to the importing node",
+    "import_chunks": "the pieces of an import's upload, kept until its restore ends: local, with imports",
 }
 """Tables that are not per tenant: reference (replicated) or local. The SAQ queue lives in its own schema."""
 

@@ -35,10 +35,12 @@ from tests.exports.fixtures import (
 )
 from tests.helpers import Api, Org, assert_problem
 
-MEMBERS = ["snapshot.json", "tickets.csv", "schemas/snapshot.schema.json", "manifest.json"]
+DATA = ["data/members.jsonl", "data/projects.jsonl", "data/tasks.jsonl", "data/tickets.jsonl"]
+MEMBERS = ["snapshot.json", "tickets.csv", *DATA, "schemas/snapshot.schema.json", "manifest.json"]
 MEDIA_TYPES = {
     "snapshot.json": "application/json",
     "tickets.csv": "text/csv; charset=utf-8",
+    **dict.fromkeys(DATA, "application/x-ndjson"),
     "schemas/snapshot.schema.json": "application/schema+json",
 }
 
@@ -89,19 +91,20 @@ async def test_the_archive_holds_every_member_and_its_manifest_matches_them(
     api_answer = r.history[0] if r.history else r
     assert hashlib.sha256(body).hexdigest() == export["sha256"]
     assert api_answer.headers["etag"] == f'"{export["sha256"]}"'
-    # Rows of both parts: 2 live projects + 3 tasks, and all 5 tickets (every creator's).
-    assert export["rowCount"] == 10 and export["kind"] == "archive" and export["scope"] == "team"
+    # Rows of both parts: 2 live projects + 3 tasks, and all 5 tickets (every creator's); and of the data files:
+    # 5 members, 3 projects, 4 tasks, 5 tickets.
+    assert export["rowCount"] == 27 and export["kind"] == "archive" and export["scope"] == "team"
 
     archive = zipfile.ZipFile(io.BytesIO(body))
     assert archive.testzip() is None
     assert archive.namelist() == MEMBERS
     manifest = json.loads(archive.read("manifest.json"))
-    assert manifest["schemaVersion"] == 1 and manifest["organizationId"] == org.id
+    assert manifest["schemaVersion"] == 2 and manifest["organizationId"] == org.id
     assert manifest["organizationName"] == 'Archive "Co", Ltd.'
     assert dt.datetime.fromisoformat(manifest["snapshotAt"]) == dt.datetime.fromisoformat(export["snapshotAt"])
     # Every other member, once, with its real size, digest, media type and records.
     files = {f["name"]: f for f in manifest["files"]}
-    assert sorted(files) == sorted(MEMBERS[:-1]) and len(manifest["files"]) == 3
+    assert sorted(files) == sorted(MEMBERS[:-1]) and len(manifest["files"]) == 7
     for name, entry in files.items():
         data = archive.read(name)
         assert entry["bytes"] == len(data), name
@@ -153,7 +156,7 @@ async def test_snapshots_and_manifests_validate_against_the_served_schemas(
 ) -> None:
     org = await _seeded(api, db)
     snapshot_schema = await _served(api, "snapshot-v1.json")
-    manifest_schema = await _served(api, "manifest-v1.json")
+    manifest_schema = await _served(api, "manifest-v2.json")
     checker = jsonschema.FormatChecker()
     snap_id = await completed_export(api, db, settings, org, {"kind": "snapshot"})
     await completed_export(api, db, settings, org, {"kind": "archive"})
@@ -200,3 +203,44 @@ async def test_customers_may_not_request_an_archive(api: Api, db: Database) -> N
     # An archive takes no filters or delimiter: the CSV inside is every ticket, with `,`.
     r = await api.call("POST", org.path("/exports"), org.owner, json={"kind": "archive", "delimiter": ";"})
     assert_problem(r, 400, "invalid_request")
+
+
+async def test_the_data_files_are_lossless_byte_stable_and_match_their_schemas(
+    api: Api, db: Database, settings: Settings
+) -> None:
+    # SPEC §23: raw values (never formula-guarded), deleted projects and their tasks included, each line valid
+    # against its served schema; the same rows give the same bytes, so the same sha256.
+    org = await _seeded(api, db)
+    await completed_export(api, db, settings, org, {"kind": "archive"})
+    _, _, first = await _archive(api, org)
+    checker = jsonschema.FormatChecker()
+    jsonschema.validate(json.loads(first.read("manifest.json")), await _served(api, "manifest-v2.json"))
+    lines: dict[str, list[dict[str, Any]]] = {}
+    for name in DATA:
+        schema = await _served(api, name.removeprefix("data/").replace(".jsonl", "-v2.json"))
+        raw = first.read(name)
+        assert raw.endswith(b"\n") and b"\r\n" not in raw.replace(b"\\r\\n", b"")
+        lines[name] = [json.loads(line) for line in raw.decode().splitlines()]
+        for line in lines[name]:
+            jsonschema.validate(line, schema, format_checker=checker)
+    titles = [t["title"] for t in lines["data/tickets.jsonl"]]
+    assert titles == ["Printer on fire", "=HYPERLINK()", 'a "quoted"\r\nline', "Customer's own", "Another customer's"]
+    assert [t["number"] for t in lines["data/tickets.jsonl"]] == [1, 2, 3, 4, 5]
+    assert {p["name"]: p["deletedAt"] is not None for p in lines["data/projects.jsonl"]} == {
+        "Launch": False,
+        "Later": False,
+        "Gone": True,
+    }
+    assert "never exported" in {t["title"] for t in lines["data/tasks.jsonl"]}
+    assert sorted(m["role"] for m in lines["data/members.jsonl"]) == sorted(
+        ["owner", "admin", "member", "customer", "customer"]
+    )
+    await completed_export(api, db, settings, org, {"kind": "archive"})
+    r = await api.call("GET", org.path("/exports"), org.owner)
+    newest = next(e for e in r.json()["items"] if e["kind"] == "archive")
+    second = zipfile.ZipFile(io.BytesIO((await download(api, org, org.owner, newest["id"])).content))
+
+    def digests(archive: zipfile.ZipFile) -> dict[str, str]:
+        return {f["name"]: f["sha256"] for f in json.loads(archive.read("manifest.json"))["files"] if f["name"] in DATA}
+
+    assert digests(first) == digests(second) and len(digests(first)) == 4

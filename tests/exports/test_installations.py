@@ -364,6 +364,8 @@ async def test_every_job_and_cron_the_worker_registers_is_guarded(settings: Sett
             "cleanup_exports_job",
             "purge_due_job",
             "run_due_schedules_job",
+            "run_import_job",
+            "reconcile_imports_job",
         }, lanes.exports.functions
         assert set(lanes.outbound.functions) >= {
             "deliver_webhook_job",
@@ -372,7 +374,7 @@ async def test_every_job_and_cron_the_worker_registers_is_guarded(settings: Sett
             "sweep_emails_job",
         }, lanes.outbound.functions
         assert not set(lanes.exports.functions) & set(lanes.outbound.functions)
-        assert len(lanes.exports.cron_jobs) + len(lanes.outbound.cron_jobs) == 6
+        assert len(lanes.exports.cron_jobs) + len(lanes.outbound.cron_jobs) == 7
         assert lanes.outbound.queue.name == lanes.exports.queue.name + "-outbound"
         unguarded = [
             name for worker in lanes.workers for name, function in worker.functions.items() if not is_guarded(function)

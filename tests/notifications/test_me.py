@@ -205,7 +205,14 @@ async def test_pages_follow_the_cursor(api: Api, db: Database, settings: Setting
 async def test_preferences_default_on_and_change_by_type(api: Api) -> None:
     user = await api.users.make("prefs")
     other = await api.users.make("other")
-    everything = {"export.completed", "export.failed", "export.cancelled", "org.deletion_requested", "schedule.paused"}
+    everything = {
+        "export.completed",
+        "export.failed",
+        "export.cancelled",
+        "org.deletion_requested",
+        "schedule.paused",
+        "import.completed",
+    }
     r = await api.call("GET", "/me/preferences", user)
     assert r.status_code == 200, r.text
     assert r.json() == {"email": dict.fromkeys(everything, True)}

@@ -18,6 +18,8 @@ class User(Base):
     id: Mapped[uuid.UUID] = uuid_pk()
     email: Mapped[str]
     name: Mapped[str]
+    placeholder: Mapped[bool] = mapped_column(default=False)
+    """Made by a restore for a member's email that had no user (migration 0022); claimed by `create_user`."""
     created_at: Mapped[dt.datetime] = created_at()
 
 

@@ -61,9 +61,15 @@ async def principal_of(session: AsyncSession, user_id: uuid.UUID, token_id: uuid
 
 
 async def create_user(session: AsyncSession, email: str, name: str) -> User:
-    """Add a user; the email is stored lower-cased and must be new."""
+    """Add a user; the email is stored lower-cased and must be new, or a restore's placeholder for it (SPEC §23),
+    which this claims: it gets the name, and the memberships the restore gave it are the new user's."""
     email = email.strip().lower()
-    if (await session.execute(select(User.id).where(User.email == email))).first():
+    existing = (await session.execute(select(User).where(User.email == email))).scalar_one_or_none()
+    if existing is not None and existing.placeholder:
+        await session.execute(update(User).where(User.id == existing.id).values(name=name.strip(), placeholder=False))
+        await session.refresh(existing)
+        return existing
+    if existing is not None:
         raise Conflict(f"A user with email {email} already exists.")
     user = User(id=uuid.uuid4(), email=email, name=name.strip())
     session.add(user)

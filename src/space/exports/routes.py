@@ -40,7 +40,8 @@ from space.errors import (
 )
 from space.exports import service
 from space.exports.downloads import DownloadSlots, no_referrer_for_links, respond
-from space.exports.formats.archive import manifest_schema, snapshot_schema
+from space.exports.formats.archive import manifest_schema, manifest_v2_schema, snapshot_schema
+from space.exports.formats.lines import line_schema
 from space.exports.formats.registry import KINDS
 from space.exports.links import LinkGrant, LinkSigner
 from space.exports.schemas import Export, ExportCreate, ExportPage, Link, OrgExport
@@ -122,6 +123,27 @@ async def snapshot_schema_route() -> Response[bytes]:
 async def manifest_schema_route() -> Response[bytes]:
     """The JSON Schema (2020-12) of an archive's manifest.json. Public."""
     return Response(manifest_schema(), media_type=SCHEMA_MEDIA_TYPE)
+
+
+@get(
+    "/schemas/manifest-v2.json", tags=["schemas"], security=[], media_type=SCHEMA_MEDIA_TYPE, responses=_SCHEMA_RESPONSE
+)
+async def manifest_v2_schema_route() -> Response[bytes]:
+    """The JSON Schema (2020-12) of the manifest of an archive of schemaVersion 2 (SPEC §23). Public."""
+    return Response(manifest_v2_schema(), media_type=SCHEMA_MEDIA_TYPE)
+
+
+@get(
+    ["/schemas/members-v2.json", "/schemas/projects-v2.json", "/schemas/tasks-v2.json", "/schemas/tickets-v2.json"],
+    tags=["schemas"],
+    security=[],
+    media_type=SCHEMA_MEDIA_TYPE,
+    responses=_SCHEMA_RESPONSE,
+)
+async def line_schema_route(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """The JSON Schema (2020-12) of one line of an archive's data file `data/<name>.jsonl` (SPEC §23). Public."""
+    name = request.url.path.rsplit("/", 1)[-1].removesuffix("-v2.json")
+    return Response(line_schema(name), media_type=SCHEMA_MEDIA_TYPE)
 
 
 DOWNLOAD_REFUSALS = (AccessRevoked, OrgDeleting, ExportNotReady, ExportFailed, ExportExpired, ExportRevoked)

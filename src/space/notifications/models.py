@@ -27,6 +27,8 @@ class NotificationType(enum.StrEnum):
     export_cancelled = "export.cancelled"
     org_deletion_requested = "org.deletion_requested"
     schedule_paused = "schedule.paused"
+    import_completed = "import.completed"
+    """An archive the importer uploaded was restored as an organization (SPEC §23)."""
 
 
 class Channel(enum.StrEnum):

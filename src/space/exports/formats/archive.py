@@ -6,7 +6,8 @@ whose size is unknown when its header goes out (the snapshot and the CSV) gets Z
 pass 4 GiB; members of known size (the schema, the manifest) and the central directory use ZIP64 only when
 their sizes or offsets need it.
 
-Members, in this order: `snapshot.json`, `tickets.csv`, `schemas/snapshot.schema.json`, `manifest.json`.
+Members, in this order: `snapshot.json`, `tickets.csv`, the lossless data files of schemaVersion 2
+(`data/*.jsonl`, SPEC §23, written by `datafiles`), `schemas/snapshot.schema.json`, `manifest.json`.
 The manifest goes last because it carries the size and SHA-256 of every member before it; ZIP readers find
 members through the central directory at the end, so the order costs a reader nothing.
 
@@ -35,6 +36,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from zipstream import ZIP_STORED, ZipStream
 
 from space.exports.formats.base import BATCH_BYTES, Batch, ExportRequest, Format, Order, rfc3339
+from space.exports.formats.datafiles import FILES as DATA_FILES
+from space.exports.formats.datafiles import MEDIA_TYPE as DATA_MEDIA_TYPE
+from space.exports.formats.datafiles import DataFile
 from space.exports.formats.snapshot import FILE as SNAPSHOT_FILE
 from space.exports.formats.snapshot import Id, Snapshot, SnapshotDocument, Stamp
 from space.exports.formats.tickets_csv import FILE as TICKETS_FILE
@@ -80,6 +84,17 @@ class Manifest(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     files: list[ManifestFile]
 
 
+class ManifestV2(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    """What a Space archive holds (schemaVersion 2, SPEC §23): the v1 members and the lossless data files
+    (`data/*.jsonl`, each with its rows), every member but this one, with sizes and SHA-256."""
+
+    schema_version: Literal[2]
+    organization_id: Id
+    organization_name: str
+    snapshot_at: Stamp
+    files: list[ManifestFile]
+
+
 def _schema(kind: type[msgspec.Struct], title: str) -> bytes:
     # msgspec writes the types under "$defs" and "$ref"s the top one, which 2020-12 allows beside "$schema".
     schema: dict[str, Any] = {"$schema": SCHEMA_DIALECT, "title": title, **msgspec.json.schema(kind)}
@@ -96,6 +111,12 @@ def snapshot_schema() -> bytes:
 def manifest_schema() -> bytes:
     """The JSON Schema (2020-12) of an archive's `manifest.json`."""
     return _schema(Manifest, "Space archive manifest, schemaVersion 1")
+
+
+@functools.cache
+def manifest_v2_schema() -> bytes:
+    """The JSON Schema (2020-12) of the manifest an archive of schemaVersion 2 carries (what Space writes now)."""
+    return _schema(ManifestV2, "Space archive manifest, schemaVersion 2")
 
 
 class _Member:
@@ -154,8 +175,12 @@ class Archive:
         self.snapshot_at: dt.datetime | None = None
 
     async def count(self, session: AsyncSession) -> dict[str, int]:
-        """Rows of each data member: live projects and their tasks (snapshot.json), every ticket (tickets.csv)."""
-        return {**await self.snapshot.count(session), **await self.tickets.count(session)}
+        """Rows of each data member: live projects and their tasks (snapshot.json), every ticket (tickets.csv), and
+        every row of each data file."""
+        counts = {**await self.snapshot.count(session), **await self.tickets.count(session)}
+        for name in DATA_FILES:
+            counts.update(await DataFile(self.org_id, name).count(session))
+        return counts
 
     def header(self, snapshot_at: dt.datetime) -> bytes:
         """Nothing: the ZIP begins with its first member. Keeps the moment the snapshot stands for."""
@@ -172,6 +197,12 @@ class Archive:
             _Member(SNAPSHOT_MEMBER, "application/json", _pieces(self.snapshot, session, (size, budget), snapshot_at)),
             _Member(
                 TICKETS_MEMBER, "text/csv; charset=utf-8", _pieces(self.tickets, session, (size, budget), snapshot_at)
+            ),
+            *(
+                _Member(
+                    name, DATA_MEDIA_TYPE, _pieces(DataFile(self.org_id, name), session, (size, budget), snapshot_at)
+                )
+                for name in DATA_FILES
             ),
         ]
         schema = snapshot_schema()
@@ -221,7 +252,7 @@ class Archive:
                 rows = 0
 
     def _manifest(self, snapshot_at: dt.datetime, files: list[ManifestFile]) -> bytes:
-        manifest = Manifest(1, str(self.org_id), self.org_name, rfc3339(snapshot_at), files)
+        manifest = ManifestV2(2, str(self.org_id), self.org_name, rfc3339(snapshot_at), files)
         return msgspec.json.format(msgspec.json.encode(manifest), indent=2) + b"\n"
 
     def footer(self) -> bytes:

@@ -4,6 +4,7 @@ import { api, ApiError, signIn, signOut, token } from "./api.js";
 import * as audit from "./audit.js";
 import * as exports from "./exports.js";
 import * as notifications from "./notifications.js";
+import * as restore from "./restore.js";
 import * as settings from "./settings.js";
 import { ME_VIEWS, afterPoll, href, isOverseer, nextGeneration, parse, state } from "./state.js";
 import { $, answer, el, failure } from "./ui.js";
@@ -260,6 +261,8 @@ exports.setup(expired);
 audit.setup(expired);
 settings.setup(expired, orgChanged);
 notifications.setup(expired);
+// A restored org joins the caller's list at once (the answer beside the form says what came back).
+restore.setup(expired, () => loadOrgs());
 afterPoll(notifications.refreshCount);
 
 $("sign-in-form").addEventListener("submit", async (event) => {

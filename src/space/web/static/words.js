@@ -59,6 +59,8 @@ const PROBLEMS = {
   schedule_limit_reached: "The organization has as many schedules as allowed. Delete one before adding another.",
   rate_limited: "You have asked for many download links just now.",
   unavailable: "The service cannot reach its database just now.",
+  too_large: "The archive is larger than this Space accepts for a restore.",
+  ids_in_use: "The archive's projects and tasks are still here (is the original organization still here?). Restore it with new ids.",
   range_not_satisfiable: "That part of the file does not exist.",
   payload_too_large: "The request is too large.",
   internal_error: "Something went wrong on the server.",
@@ -203,6 +205,7 @@ export const EMAIL_TYPES = {
   "export.cancelled": "An export of mine was cancelled by someone else",
   "org.deletion_requested": "An organization I own is to be deleted",
   "schedule.paused": "A schedule I made, or one in an organization I own, was paused",
+  "import.completed": "An archive I uploaded was restored",
 };
 
 /** The notifications control's name for screen readers: the count is in it, the badge is only seen. */
