@@ -265,6 +265,14 @@ async def get_export(
     return export_out(job, can_download=_downloadable(org, member, job, now))
 
 
+def export_of(org: Organization, membership: Membership | None, job: ExportJob | None, now: dt.datetime) -> Export:
+    """`get_export`'s answer from rows already read (`access.authorize`): the member's export, or NotFound."""
+    member = _member(membership)
+    if job is None:
+        raise NotFound()
+    return export_out(job, can_download=_downloadable(org, member, job, now))
+
+
 async def list_org_exports(
     session: AsyncSession,
     org: Organization,
@@ -478,6 +486,23 @@ async def open_result(
     to another execution of the export, such as an attempt before a retry, is not a link to this result).
     """
     job, now = await _get_owned(session, org.id, user_id, export_id)
+    return downloadable(org, membership, job, now, store, via=via, execution_id=execution_id)
+
+
+def downloadable(
+    org: Organization,
+    membership: Membership | None,
+    job: ExportJob | None,
+    now: dt.datetime,
+    store: ResultStore,
+    *,
+    via: DownloadVia = "bearer",
+    execution_id: uuid.UUID | None = None,
+) -> Download:
+    """`open_result`'s decision from rows already read (`access.authorize`, or `open_result`'s own): SPEC §6's
+    refusals in its order after the caller's own export was found (None: NotFound), else the stored bytes."""
+    if job is None:
+        raise NotFound()
     if via == "link" and job.execution_id != execution_id:
         raise LinkInvalid()
     if membership is None:
