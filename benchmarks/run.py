@@ -1058,8 +1058,9 @@ async def wide_rows(url: str, orgs: dict[str, Org], tmp: Path) -> list[Case]:
     return cases
 
 
-async def run_links(tickets: int) -> dict[str, Any]:
-    """Only the link-download case (`--links-only`): one org of `tickets` tickets, its CSV built by a worker."""
+async def run_links(tickets: int, runs: int = 1) -> list[dict[str, Any]]:
+    """Only the link-download case (`--links-only`): one org of `tickets` tickets, its CSV built by a worker; then
+    the case `runs` times over (`--runs`), each in a fresh `space api` and floor, on that one seeded database."""
     with server() as admin, fresh_database(admin) as url, tempfile.TemporaryDirectory() as tmp:
         log(f"seeding {tickets} tickets ...")
         org = (await seed(url, {"Bench1M": (tickets, 0)}))["Bench1M"]
@@ -1072,8 +1073,12 @@ async def run_links(tickets: int) -> dict[str, Any]:
         finally:
             stop(worker)
             stop(api)
-        log(f"link downloads: {status['byteSize']} bytes whole by bearer and by link, and as {RANGES} ranges ...")
-        return await link_downloads(url, org, status["id"], Path(tmp))
+        lines = []
+        for n in range(runs):
+            log(f"link downloads {n + 1}/{runs}: {status['byteSize']} bytes whole, by link, as {RANGES} ranges ...")
+            lines.append(await link_downloads(url, org, status["id"], Path(tmp)))
+            log(" ".join(f"{k}={_fmt(v)}" for k, v in lines[-1].items()))
+        return lines
 
 
 def _size(n: int) -> str:
@@ -1090,6 +1095,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scaling-tickets", type=int, default=500_000, help="tickets per workers_scaling org (500000)")
     parser.add_argument("--only", choices=["workers_scaling"], help="run only this case")
     parser.add_argument("--links-only", action="store_true", help="only the link-download case (results/links.json)")
+    parser.add_argument("--runs", type=int, default=1, help="with --links-only: runs of the case on one seed (1)")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"some of {','.join(PHASES)} (all)")
     args = parser.parse_args(argv)
     phases = set(args.phases.split(","))
@@ -1097,9 +1103,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown phase(s): {', '.join(sorted(phases - set(PHASES)))}")
     RESULTS.mkdir(exist_ok=True)
     if args.links_only:
-        links = asyncio.run(run_links(args.tickets))
-        print(" ".join(f"{k}={_fmt(v)}" for k, v in links.items()))
-        (RESULTS / "links.json").write_text(json.dumps(links, indent=2) + "\n")
+        runs = asyncio.run(run_links(args.tickets, args.runs))
+        for links in runs:
+            print(" ".join(f"{k}={_fmt(v)}" for k, v in links.items()), flush=True)
+        (RESULTS / "links.json").write_text(json.dumps(runs[0] if len(runs) == 1 else runs, indent=2) + "\n")
         return
     if args.only == "workers_scaling":
         scaled = asyncio.run(run_scaling_only(args.scaling_orgs, args.scaling_tickets))

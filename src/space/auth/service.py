@@ -58,19 +58,6 @@ async def authenticate(session: AsyncSession, authorization: str | None) -> Prin
     return Principal(user_id=row.id, email=row.email, name=row.name, token_id=row.token_id)
 
 
-async def principal_of(session: AsyncSession, user_id: uuid.UUID, token_id: uuid.UUID) -> Principal | None:
-    """A download link's user as a principal, or None when there is no such user or the bearer token the link
-    was minted with (`token_id`, theirs) is revoked: revoking a user's tokens ends their links too."""
-    row = (
-        await session.execute(
-            select(User.id, User.email, User.name)
-            .join(ApiToken, ApiToken.user_id == User.id)
-            .where(User.id == user_id, ApiToken.id == token_id, ApiToken.revoked_at.is_(None))
-        )
-    ).one_or_none()
-    return None if row is None else Principal(user_id=row.id, email=row.email, name=row.name)
-
-
 async def create_user(session: AsyncSession, email: str, name: str) -> User:
     """Add a user; the email is stored lower-cased and must be new."""
     email = email.strip().lower()

@@ -256,17 +256,8 @@ async def _get_owned(
     return row
 
 
-async def get_export(
-    session: AsyncSession, org: Organization, membership: Membership | None, export_id: uuid.UUID
-) -> Export:
-    """One export of the member's."""
-    member = _member(membership)
-    job, now = await _get_owned(session, org.id, member.user_id, export_id)
-    return export_out(job, can_download=_downloadable(org, member, job, now))
-
-
 def export_of(org: Organization, membership: Membership | None, job: ExportJob | None, now: dt.datetime) -> Export:
-    """`get_export`'s answer from rows already read (`access.authorize`): the member's export, or NotFound."""
+    """One export of the member's, from the rows `access.authorize` read with the caller; NotFound otherwise."""
     member = _member(membership)
     if job is None:
         raise NotFound()
