@@ -221,7 +221,12 @@ class ExportController(Controller):
         return await service.list_exports(session, ctx.org, ctx.membership, before=before, limit=limit)
 
     # Authorized by `access` in one round trip (a page polls this), not by the middleware and the org context.
-    @get("/{export_id:str}", opt={"exclude_from_auth": True}, responses=refusals(Unauthenticated))
+    @get(
+        "/{export_id:str}",
+        opt={"exclude_from_auth": True},
+        security=[{BEARER: []}],
+        responses=refusals(Unauthenticated),
+    )
     async def get_one(
         self,
         request: Request[Any, Any, Any],
