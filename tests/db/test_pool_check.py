@@ -1,4 +1,4 @@
-"""The pool's check of a connection it hands out (decision 0095): it asks the socket, with no round trip, and still
+"""The pool's check of a connection it hands out (decision 0099): it asks the socket, with no round trip, and still
 sees a session the server ended while the connection sat in the pool."""
 
 from __future__ import annotations

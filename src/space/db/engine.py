@@ -136,7 +136,7 @@ def _still_open(dbapi_connection: Any) -> bool:
     and closes the socket) means it is not, and the pool opens a new one (and renews every older one).
 
     SQLAlchemy's own pre-ping sends `SELECT 1` and waits for it: a round trip, and about a third of the API's CPU
-    of an authorized read, at every checkout (decision 0095). A peer gone without a word (a network cut) is not
+    of an authorized read, at every checkout (decision 0099). A peer gone without a word (a network cut) is not
     seen here: that connection's first statement fails (503 `unavailable`), and the pool drops it.
     """
     connection: psycopg.AsyncConnection[Any] = dbapi_connection.driver_connection
@@ -178,7 +178,7 @@ class Database:
             hide_parameters=True,
             connect_args=connect_args,
         )
-        # The pool's check of a connection it hands out asks the socket, not the server (decision 0095).
+        # The pool's check of a connection it hands out asks the socket, not the server (decision 0099).
         self.engine.dialect.do_ping = _still_open  # type: ignore[method-assign]
         self.sessionmaker = async_sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
 

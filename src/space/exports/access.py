@@ -8,7 +8,7 @@ removed member, a revoked token or a deleting org is refused by the very next re
 It runs like the result store's part reads: on a pooled connection's psycopg connection, in one pipeline
 (BEGIN, the org's tenant setting, the statement, COMMIT), under RLS as the app role. Through a unit of work it
 was a transaction for the bearer token and another for the org, membership and row: eight to ten round trips
-and most of a status GET's CPU (decision 0095). The statement is compiled once per process.
+and most of a status GET's CPU (decision 0099). The statement is compiled once per process.
 
 A link's ranged request also learns here whether the link's ranges were audited within the minute (SPEC §25):
 then the audit trail has its row and the request writes none, with no transaction of its own.
