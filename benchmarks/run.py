@@ -21,7 +21,7 @@ Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a
    tickets), over plain sockets: 100 that stop reading after their first part (the API's resident set with
    all of them stalled, minus before), then 20 read in full at once (aggregate throughput, peak RSS);
 5. link downloads: the 1M CSV whole with the bearer token, whole through a download link, and as 64 equal
-   ranges through that link (one after another, and 4 at a time), in a fresh `space api` (median of 3 rounds; `--links-only`
+   ranges through that link (one after another, and 8 at a time), in a fresh `space api` (median of 3 rounds; `--links-only`
    runs just this case, on a database of its own); then the same file the same ways from `benchmarks.floor`, a bare
    Litestar app serving it from memory (`floor_*`: what the stack and the client cost per range before Space does
    anything);
@@ -491,8 +491,10 @@ async def _measure(
 
 RANGES = 64
 """The link-download case fetches the result as this many ranges of equal size (the last takes the rest)."""
-SEGMENTS = 4
-"""The ranges are also fetched SEGMENTS at a time, as download managers fetch segments."""
+SEGMENTS = 8
+"""The ranges are also fetched SEGMENTS at a time, as download managers fetch segments (SPEC §24: 8)."""
+CPU_REQUESTS = 200
+"""Requests of one round of a per-request CPU measure (status GET, 1-byte ranged GET, the floor's request)."""
 LINK_ROUNDS = 3
 """Rounds of the link-download case; each measures bearer, link and ranges back to back; medians are kept."""
 
@@ -521,6 +523,27 @@ async def _ranges(client: httpx.AsyncClient, url: str, fd: int, bounds: list[tup
         return got
 
     return sum(await asyncio.gather(*(segment() for _ in range(at_once))))
+
+
+def cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
+    """The CPU a live child has used so far (user + system), from its own counters in /proc/<pid>/stat."""
+    fields = Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def request_cpu_ms(
+    client: httpx.AsyncClient, proc: subprocess.Popen[bytes], url: str, headers: dict[str, str], status: int
+) -> float:
+    """Milliseconds of `proc`'s CPU per GET of `url` (answered `status`): the median of LINK_ROUNDS rounds of
+    CPU_REQUESTS sequential requests each, measured by the server process's own counters."""
+    per_request = []
+    for _ in range(LINK_ROUNDS):
+        before = cpu_seconds(proc)
+        for _ in range(CPU_REQUESTS):
+            r = await client.get(url, headers=headers)
+            assert r.status_code == status, (url, r.status_code)
+        per_request.append((cpu_seconds(proc) - before) * 1000 / CPU_REQUESTS)
+    return statistics.median(per_request)
 
 
 async def _download_rounds(
@@ -566,6 +589,9 @@ async def link_downloads(url: str, org: Org, export_id: str, tmp: Path) -> dict[
             r.raise_for_status()
             link = r.json()["url"]
             space = await _download_rounds(client, out, size, {"bearer": (result, auth), "link": (link, {})}, link)
+            status_path = f"/orgs/{org.id}/exports/{export_id}"
+            status_cpu = await request_cpu_ms(client, api, status_path, auth, 200)
+            range_cpu = await request_cpu_ms(client, api, link, {"Range": "bytes=0-0"}, 206)
     finally:
         stop(api)
     # The floor serves the file the API just sent (`out`), alone on the machine as the API was.
@@ -575,6 +601,7 @@ async def link_downloads(url: str, org: Org, export_id: str, tmp: Path) -> dict[
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
             await wait_healthy(client, floor, "/file")
             bare = await _download_rounds(client, tmp / "floor-download", size, {"whole": ("/file", {})}, "/file")
+            floor_cpu = await request_cpu_ms(client, floor, "/file", {"Range": "bytes=0-0"}, 206)
     finally:
         stop(floor)
         _empty(tmp)
@@ -593,6 +620,11 @@ async def link_downloads(url: str, org: Org, export_id: str, tmp: Path) -> dict[
         "floor_seconds": bare["whole"],
         "floor_ranges_ratio": bare["ranges"] / bare["whole"],
         "floor_ranges_parallel_ratio": bare["ranges_parallel"] / bare["whole"],
+        "status_cpu_ms": status_cpu,
+        "range_cpu_ms": range_cpu,
+        "floor_cpu_ms": floor_cpu,
+        "status_above_floor_ms": status_cpu - floor_cpu,
+        "range_above_floor_ms": range_cpu - floor_cpu,
     }
 
 
@@ -1035,8 +1067,9 @@ async def wide_rows(url: str, orgs: dict[str, Org], tmp: Path) -> list[Case]:
     return cases
 
 
-async def run_links(tickets: int) -> dict[str, Any]:
-    """Only the link-download case (`--links-only`): one org of `tickets` tickets, its CSV built by a worker."""
+async def run_links(tickets: int, runs: int = 1) -> list[dict[str, Any]]:
+    """Only the link-download case (`--links-only`): one org of `tickets` tickets, its CSV built by a worker; then
+    the case `runs` times over (`--runs`), each in a fresh `space api` and floor, on that one seeded database."""
     with server() as admin, fresh_database(admin) as url, tempfile.TemporaryDirectory() as tmp:
         log(f"seeding {tickets} tickets ...")
         org = (await seed(url, {"Bench1M": (tickets, 0)}))["Bench1M"]
@@ -1049,8 +1082,12 @@ async def run_links(tickets: int) -> dict[str, Any]:
         finally:
             stop(worker)
             stop(api)
-        log(f"link downloads: {status['byteSize']} bytes whole by bearer and by link, and as {RANGES} ranges ...")
-        return await link_downloads(url, org, status["id"], Path(tmp))
+        lines = []
+        for n in range(runs):
+            log(f"link downloads {n + 1}/{runs}: {status['byteSize']} bytes whole, by link, as {RANGES} ranges ...")
+            lines.append(await link_downloads(url, org, status["id"], Path(tmp)))
+            log(" ".join(f"{k}={_fmt(v)}" for k, v in lines[-1].items()))
+        return lines
 
 
 async def run_restore(tickets: int, small: int) -> list[dict[str, Any]]:
@@ -1089,6 +1126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=["workers_scaling", "incremental"], help="run only this case")
     parser.add_argument("--links-only", action="store_true", help="only the link-download case (results/links.json)")
     parser.add_argument("--restore-only", action="store_true", help="only the restore case (results/restore.json)")
+    parser.add_argument("--runs", type=int, default=1, help="with --links-only: runs of the case on one seed (1)")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"some of {','.join(PHASES)} (all)")
     args = parser.parse_args(argv)
     phases = set(args.phases.split(","))
@@ -1096,9 +1134,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown phase(s): {', '.join(sorted(phases - set(PHASES)))}")
     RESULTS.mkdir(exist_ok=True)
     if args.links_only:
-        links = asyncio.run(run_links(args.tickets))
-        print(" ".join(f"{k}={_fmt(v)}" for k, v in links.items()))
-        (RESULTS / "links.json").write_text(json.dumps(links, indent=2) + "\n")
+        runs = asyncio.run(run_links(args.tickets, args.runs))
+        for links in runs:
+            print(" ".join(f"{k}={_fmt(v)}" for k, v in links.items()), flush=True)
+        (RESULTS / "links.json").write_text(json.dumps(runs[0] if len(runs) == 1 else runs, indent=2) + "\n")
         return
     if args.only == "incremental":
         # SPEC §21, §24: a schedule's complete run over --tickets, then 1,000 changed and its incremental run.

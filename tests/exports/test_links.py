@@ -237,6 +237,24 @@ async def test_a_link_stops_at_once_when_its_member_is_demoted_or_removed(
     assert_problem(await fetch(api, second, range="bytes=0-9"), 403, "access_revoked")
 
 
+async def test_a_member_removed_between_two_ranges_of_one_link_is_refused_on_the_second(
+    api: Api, db: Database, settings: Settings
+) -> None:
+    # Issue 35: each range is authorized again from the database, so nothing of the first answer carries over.
+    org = await api.org()
+    await add_tickets(db, org.id, org.member, [f"r{i}" for i in range(30)])
+    e = await create_export(api, org, org.member, CSV)
+    assert await run_export(runner(settings, db), uid(e["id"]), uid(org.id)) == "completed"
+    url = (await mint(api, org, e["id"], org.member))["url"]
+    r = await fetch(api, url, range="bytes=0-9")
+    assert r.status_code == 206 and len(r.content) == 10
+    r = await api.call("DELETE", org.path(f"/members/{org.member.id}"), org.owner)
+    assert r.status_code == 204, r.text
+    assert_problem(await fetch(api, url, range="bytes=10-19"), 403, "access_revoked")
+    # Nor does the status route answer them: they are no member.
+    assert_problem(await api.call("GET", org.path(f"/exports/{e['id']}"), org.member), 404, "not_found")
+
+
 async def test_bad_tokens_are_refused(
     api: Api, db: Database, settings: Settings, done: tuple[Org, str, bytes], owner: psycopg.Connection[Any]
 ) -> None:

@@ -92,13 +92,18 @@ async def record_download(
     ip: str | None,
     redirect: bool = False,
     link_id: str | None = None,
+    range_audited: bool = False,
 ) -> None:
     """`export.downloaded`, in a transaction of its own, as the response starts (the request's has committed).
 
     `size` None: the download was handed to the object store (`redirect`), which sends what it is asked. A link's
     ranged requests (`link_id` and a `byte_range`) write one row a minute, marked `coalesced`: a resumable client
     asks hundreds of ranges, and the trail must not grow with them. Whole downloads are recorded every time.
+    `range_audited`: the caller already found that minute's row (without the lock: a row found needs none).
     """
+    if link_id is not None and byte_range is not None and range_audited:
+        # The request's authorization found this minute's row already (`exports.access`): no transaction at all.
+        return
     details: dict[str, Any] = {"via": via, "range": byte_range, "bytes": size}
     if redirect:
         details["redirect"] = True

@@ -27,37 +27,35 @@ class Principal:
     """The bearer token the caller authenticated with (None for a download link's user)."""
 
 
-async def authenticate(session: AsyncSession, authorization: str | None) -> Principal:
-    """Resolve `Authorization: Bearer <token>` to a user; anything else is 401."""
+def bearer_hash(authorization: str | None) -> bytes:
+    """The stored form of the token `Authorization: Bearer <token>` carries; no or another header is 401."""
     if not authorization:
         raise Unauthenticated("Missing bearer token.", headers=dict(_CHALLENGE))
     scheme, _, token = authorization.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token or len(token) > 200:
         raise Unauthenticated("Expected 'Authorization: Bearer <token>'.", headers=dict(_CHALLENGE))
+    return hash_token(token)
+
+
+def unknown_token() -> Unauthenticated:
+    """The 401 of a bearer token that is not (or no longer) anyone's."""
+    return Unauthenticated("Unknown or revoked token.", headers=dict(_CHALLENGE))
+
+
+async def authenticate(session: AsyncSession, authorization: str | None) -> Principal:
+    """Resolve `Authorization: Bearer <token>` to a user; anything else is 401."""
+    token_hash = bearer_hash(authorization)
     row = (
         await session.execute(
             select(User.id, User.email, User.name, ApiToken.id.label("token_id"))
             .join(ApiToken, ApiToken.user_id == User.id)
-            .where(ApiToken.token_hash == hash_token(token), ApiToken.revoked_at.is_(None))
+            .where(ApiToken.token_hash == token_hash, ApiToken.revoked_at.is_(None))
         )
     ).one_or_none()
     if row is None:
-        raise Unauthenticated("Unknown or revoked token.", headers=dict(_CHALLENGE))
+        raise unknown_token()
     return Principal(user_id=row.id, email=row.email, name=row.name, token_id=row.token_id)
-
-
-async def principal_of(session: AsyncSession, user_id: uuid.UUID, token_id: uuid.UUID) -> Principal | None:
-    """A download link's user as a principal, or None when there is no such user or the bearer token the link
-    was minted with (`token_id`, theirs) is revoked: revoking a user's tokens ends their links too."""
-    row = (
-        await session.execute(
-            select(User.id, User.email, User.name)
-            .join(ApiToken, ApiToken.user_id == User.id)
-            .where(User.id == user_id, ApiToken.id == token_id, ApiToken.revoked_at.is_(None))
-        )
-    ).one_or_none()
-    return None if row is None else Principal(user_id=row.id, email=row.email, name=row.name)
 
 
 async def create_user(session: AsyncSession, email: str, name: str) -> User:

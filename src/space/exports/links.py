@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from space.errors import LinkExpired, LinkInvalid
 PURPOSE = "export-download"
 """What a link token is for; a token signed for anything else is never a download link."""
 ALGORITHM = "HS256"
+VERIFIED_KEPT = 1024
+"""Verified tokens a signer remembers (about half a KiB each), the oldest dropped first."""
 MAX_TOKEN_CHARS = 2000
 """Longer `token=` values are refused before any parsing (a real one is about 400 characters)."""
 _CLAIMS = ["pur", "sub", "org", "export", "execution", "exp", "tok"]
@@ -69,6 +72,9 @@ class LinkSigner:
         if not keys:
             raise NoSigningKey("no signing key")
         self._keys = tuple(keys)
+        self._verified: dict[str, LinkGrant] = {}
+        """Tokens whose signature and claims checked out, with what they say: a resumed or segmented download sends
+        one token hundreds of times, and its signature can't change. Expiry and path are checked at every use."""
 
     def sign(self, grant: LinkGrant) -> str:
         """The token of `grant`."""
@@ -93,10 +99,24 @@ class LinkSigner:
 
         The signature is checked before the expiry (PyJWT's order), so only a genuine token is ever "expired".
         """
-        import jwt  # as in `sign`
-
         if not token or len(token) > MAX_TOKEN_CHARS:
             raise LinkInvalid()
+        grant = self._verified.get(token)
+        if grant is None:
+            grant = self._decode(token)
+            self._verified[token] = grant
+            if len(self._verified) > VERIFIED_KEPT:
+                del self._verified[next(iter(self._verified))]  # the oldest
+        elif grant.expires_at <= time.time():  # PyJWT's rule: expired at `exp` itself
+            raise LinkExpired()
+        if not (_same(grant.org_id, org_id) and _same(grant.export_id, export_id)):
+            raise LinkInvalid()
+        return grant
+
+    def _decode(self, token: str) -> LinkGrant:
+        """The grant of a token whose signature, expiry and purpose check out; LinkExpired or LinkInvalid."""
+        import jwt  # as in `sign`
+
         for key in self._keys:
             try:
                 claims = jwt.decode(token, key, algorithms=[ALGORITHM], options={"require": _CLAIMS})
@@ -121,7 +141,7 @@ class LinkSigner:
             )
         except (TypeError, ValueError, AttributeError):
             raise LinkInvalid() from None
-        if claims["pur"] != PURPOSE or not (_same(grant.org_id, org_id) and _same(grant.export_id, export_id)):
+        if claims["pur"] != PURPOSE:
             raise LinkInvalid()
         return grant
 

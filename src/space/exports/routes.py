@@ -17,9 +17,8 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from saq import Queue
 
 from space.audit import service as audit
-from space.auth.service import Principal, authenticate, principal_of
 from space.config import Settings
-from space.db import Database, Tenant, UnitOfWork
+from space.db import Database
 from space.errors import (
     AccessRevoked,
     Busy,
@@ -38,7 +37,7 @@ from space.errors import (
     RateLimited,
     Unauthenticated,
 )
-from space.exports import service
+from space.exports import access, service
 from space.exports.downloads import DownloadSlots, no_referrer_for_links, respond
 from space.exports.formats.archive import manifest_schema, manifest_v2_schema, snapshot_schema
 from space.exports.formats.lines import line_schema
@@ -47,7 +46,7 @@ from space.exports.links import LinkGrant, LinkSigner
 from space.exports.schemas import Export, ExportCreate, ExportPage, Link, OrgExport
 from space.exports.storage.protocol import ResultStore
 from space.openapi import BEARER, LINK, Files, refusals
-from space.orgs.deps import MEMBER, MemberContext, parse_id
+from space.orgs.deps import MEMBER, MemberContext, parse_id, request_ip
 
 
 def provide_queue(state: State) -> Queue:
@@ -193,31 +192,6 @@ def provide_link(
     return signer.verify(token, org_id, export_id)
 
 
-async def provide_download_principal(
-    request: Request[Any, Any, Any],
-    uow: NamedDependency[UnitOfWork],
-    link: NamedDependency[LinkGrant | None],
-    token: LinkToken = None,
-) -> Principal:
-    """The downloading user: the link's, or the bearer token's. The two never stand in for each other: a link
-    token is no bearer token (bearer tokens are looked up by hash) and a bearer token no link (not signed).
-
-    Both at once is 400, but only after the bearer token checked out: without a valid credential the answer
-    stays 401, as on every other route.
-    """
-    if link is None:
-        principal = await authenticate(uow.session, request.headers.get("authorization"))
-        if token is not None:
-            raise InvalidRequest("token: send a download link's token or an Authorization header, not both.")
-    else:
-        found = await principal_of(uow.session, link.user_id, link.token_id)
-        if found is None:
-            raise LinkInvalid()
-        principal = found
-    await uow.retenant(Tenant(org_id=uow.tenant.org_id, user_id=principal.user_id))
-    return principal
-
-
 class ExportController(Controller):
     """Create, list, read, cancel/delete and download exports; each export is visible to its owner only."""
 
@@ -268,10 +242,23 @@ class ExportController(Controller):
             return await service.list_org_exports(session, ctx.org, ctx.membership, before=before, limit=limit)
         return await service.list_exports(session, ctx.org, ctx.membership, before=before, limit=limit)
 
-    @get("/{export_id:str}")
-    async def get_one(self, ctx: NamedDependency[MemberContext], export_id: FromPath[str]) -> Export:
+    # Authorized by `access` in one round trip (a page polls this), not by the middleware and the org context.
+    @get(
+        "/{export_id:str}",
+        opt={"exclude_from_auth": True},
+        security=[{BEARER: []}],
+        responses=refusals(Unauthenticated),
+    )
+    async def get_one(
+        self,
+        request: Request[Any, Any, Any],
+        org_id: FromPath[str],
+        export_id: FromPath[str],
+        db: NamedDependency[Database],
+    ) -> Export:
         """One of the caller's exports."""
-        return await service.get_export(ctx.uow.session, ctx.org, ctx.membership, parse_id(export_id))
+        found, org = await access.by_bearer(db.engine, request.headers.get("authorization"), org_id, export_id)
+        return service.export_of(org, found.membership, found.job, found.now)
 
     @delete("/{export_id:str}")
     async def remove(
@@ -311,34 +298,40 @@ class ExportController(Controller):
     @route(
         "/{export_id:str}/result",
         http_method=[HttpMethod.GET, HttpMethod.HEAD],
-        # Authenticated by its own dependency: a bearer token, or a download link's `token=` (SPEC §10).
+        # Authenticated and authorized by `access` in one round trip: a bearer token, or a link's `token=` (SPEC §10).
         opt={"exclude_from_auth": True},
         security=[{BEARER: []}, {LINK: []}],
         responses=_RESULT_RESPONSES,
-        dependencies={
-            "link": Provide(provide_link, sync_to_thread=False),
-            "principal": Provide(provide_download_principal),
-        },
+        dependencies={"link": Provide(provide_link, sync_to_thread=False)},
         middleware=[no_referrer_for_links],
     )
     async def result(
         self,
         request: Request[Any, Any, Any],
-        ctx: NamedDependency[MemberContext],
+        org_id: FromPath[str],
         export_id: FromPath[str],
         store: NamedDependency[ResultStore],
         slots: NamedDependency[DownloadSlots],
         link: NamedDependency[LinkGrant | None],
         db: NamedDependency[Database],
+        token: LinkToken = None,
     ) -> Response[Any]:
         """Download the result, authorized again now (SPEC §6), streamed from storage in a download slot; one byte
         range (206), If-Range, If-None-Match (304) and HEAD (SPEC §11)."""
-        download = await service.open_result(
-            ctx.uow.session,
-            ctx.org,
-            ctx.principal.user_id,
-            ctx.membership,
-            parse_id(export_id),
+        # A link token is no bearer token (those are looked up by hash) and a bearer token no link (not signed).
+        if link is None:
+            found, org = await access.by_bearer(db.engine, request.headers.get("authorization"), org_id, export_id)
+            if token is not None:
+                # Both at once is 400, but only once the bearer token checked out (else 401, as everywhere).
+                raise InvalidRequest("token: send a download link's token or an Authorization header, not both.")
+        else:
+            found, org = await access.by_link(db.engine, link, ranged="range" in request.headers)
+        user_id, ip = found.principal.user_id, request_ip(request)
+        download = service.downloadable(
+            org,
+            found.membership,
+            found.job,
+            found.now,
             store,
             via="bearer" if link is None else "link",
             execution_id=None if link is None else link.execution_id,
@@ -348,15 +341,16 @@ class ExportController(Controller):
             # The trail says what left, as the response starts: not for a refusal, a 304, a HEAD or a busy server.
             await audit.record_download(
                 db,
-                ctx.org.id,
-                ctx.principal.user_id,
+                org.id,
+                user_id,
                 download.export_id,
                 via="bearer" if link is None else "link",
                 byte_range=served,
                 size=size,
-                ip=ctx.ip,
+                ip=ip,
                 redirect=redirected,
                 link_id=None if link is None else link.link_id,
+                range_audited=found.range_audited,
             )
 
         # A HEAD is answered by the API itself, so it needs no presigned URL.

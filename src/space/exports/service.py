@@ -259,12 +259,11 @@ async def _get_owned(
     return row
 
 
-async def get_export(
-    session: AsyncSession, org: Organization, membership: Membership | None, export_id: uuid.UUID
-) -> Export:
-    """One export of the member's."""
+def export_of(org: Organization, membership: Membership | None, job: ExportJob | None, now: dt.datetime) -> Export:
+    """One export of the member's, from the rows `access.authorize` read with the caller; NotFound otherwise."""
     member = _member(membership)
-    job, now = await _get_owned(session, org.id, member.user_id, export_id)
+    if job is None:
+        raise NotFound()
     return export_out(job, can_download=_downloadable(org, member, job, now))
 
 
@@ -481,6 +480,23 @@ async def open_result(
     to another execution of the export, such as an attempt before a retry, is not a link to this result).
     """
     job, now = await _get_owned(session, org.id, user_id, export_id)
+    return downloadable(org, membership, job, now, store, via=via, execution_id=execution_id)
+
+
+def downloadable(
+    org: Organization,
+    membership: Membership | None,
+    job: ExportJob | None,
+    now: dt.datetime,
+    store: ResultStore,
+    *,
+    via: DownloadVia = "bearer",
+    execution_id: uuid.UUID | None = None,
+) -> Download:
+    """`open_result`'s decision from rows already read (`access.authorize`, or `open_result`'s own): SPEC §6's
+    refusals in its order after the caller's own export was found (None: NotFound), else the stored bytes."""
+    if job is None:
+        raise NotFound()
     if via == "link" and job.execution_id != execution_id:
         raise LinkInvalid()
     if membership is None:

@@ -234,8 +234,15 @@ class PgResultStore:
         while end is None or offset < end:
             length = self._part_bytes if end is None else min(self._part_bytes, end - offset)
             read_to = 0 if packed is None else packed.read
+            # A packed chunk's frame expands from its start: a range ending early in the chunk needs about as many
+            # of the frame's bytes as it expands to up to that end (LZ4 adds well under 1% to what it can't pack),
+            # not a whole part. The piece's size more is slack; a frame part that ran short is read on by the loop.
+            clen = self._part_bytes
+            if end is not None:
+                made = 0 if packed is None else packed.made
+                clen = min(clen, pos + (end - offset) - made + self._piece_bytes)
             rows = await _finished(
-                self._query(key, _READ_PART, seq=seq, pos=pos + 1, len=length, cpos=read_to + 1, clen=self._part_bytes)
+                self._query(key, _READ_PART, seq=seq, pos=pos + 1, len=length, cpos=read_to + 1, clen=clen)
             )
             if not rows:
                 if end is None and not await _finished(self._query(key, _LATER_CHUNK, seq=seq)):
@@ -260,7 +267,7 @@ class PgResultStore:
                 async for piece in packed.expand(pieces, pos, want):
                     pos, offset = pos + len(piece), offset + len(piece)
                     yield piece
-                if pos < want and (packed.ended or packed.read - read_to < self._part_bytes):
+                if pos < want and (packed.ended or packed.read - read_to < clen):
                     raise ResultMissing(f"chunk {seq} of export {key.export_id} expands to fewer bytes than it holds")
             if pos >= chunk_size:
                 seq, pos, packed = seq + 1, 0, None
