@@ -8,6 +8,7 @@ import operator
 import uuid
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar
 
+from space.destinations.schemas import Delivery
 from space.exports.formats.base import ExportRequest
 from space.exports.formats.registry import KINDS, ExportKind
 from space.exports.models import ExportScope, ExportState
@@ -44,6 +45,8 @@ class Export(Output):
     byte_size: int | None
     sha256: str | None
     can_download: bool
+    delivery: Delivery | None
+    """The latest delivery of this export to a destination (SPEC §22), or None."""
 
 
 class Link(Output):
