@@ -5,12 +5,14 @@ times (to the object writes of a run's folder) before passing requests on."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +42,8 @@ class Store:
     fail_next: int = 0
     """How many object writes under a run's folder still answer 503."""
     failed: int = 0
+    loop: Any = None
+    stop: Any = None
 
     def keys(self, prefix: str = "") -> list[str]:
         """Every object key under `prefix`."""
@@ -87,44 +91,51 @@ def _authenticating_moto() -> Iterator[str]:
 
 
 def _setup(endpoint: str) -> tuple[Any, Any, str, str]:
-    boot = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": "AKIASETUP",
-            "aws_secret_access_key": "setup"}
+    boot = {
+        "endpoint_url": endpoint,
+        "region_name": "us-east-1",
+        "aws_access_key_id": "AKIASETUP",
+        "aws_secret_access_key": "setup",
+    }
     iam = boto3.client("iam", **boot)
     iam.create_user(UserName="customer")
     key = iam.create_access_key(UserName="customer")["AccessKey"]
     policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
     iam.put_user_policy(UserName="customer", PolicyName="all", PolicyDocument=json.dumps(policy))
     boto3.client("s3", **boot).create_bucket(Bucket=BUCKET)
-    own = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": key["AccessKeyId"],
-           "aws_secret_access_key": key["SecretAccessKey"]}
+    own = {
+        "endpoint_url": endpoint,
+        "region_name": "us-east-1",
+        "aws_access_key_id": key["AccessKeyId"],
+        "aws_secret_access_key": key["SecretAccessKey"],
+    }
     return boto3.client("s3", **own), boto3.client("iam", **own), key["AccessKeyId"], key["SecretAccessKey"]
 
 
-@pytest.fixture(scope="session")
-async def customer_store() -> AsyncIterator[Store]:
-    """The customer's store for the session (a second moto, beside the result store's), behind the proxy."""
-    with _authenticating_moto() as upstream:
-        client, iam, key_id, secret = _setup(upstream)
-        port = free_port()
-        store = Store(f"http://127.0.0.1:{port}", client, iam, key_id, secret)
+def _serve_proxy(
+    store: Store, upstream: str, port: int, ready: threading.Event, stop: asyncio.Event | None = None
+) -> None:
+    """The proxy, in a thread and an event loop of its own: the tests' API client blocks the tests' loop while
+    the app (in yet another thread) answers, and the app's test write goes through this proxy."""
+
+    async def main() -> None:
         async with ClientSession(auto_decompress=False) as session:
 
             async def forward(request: web.Request) -> web.StreamResponse:
                 store.log.append((request.method, request.path_qs))
+                body = await request.read()
                 run_object = request.method in {"PUT", "POST"} and "/manual/" in request.path
                 if run_object and store.fail_next > 0:
                     store.fail_next -= 1
                     store.failed += 1
-                    await request.read()
                     return web.Response(status=503, text="<Error><Code>SlowDown</Code></Error>")
-                body = await request.read()
                 headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
                 async with session.request(
                     request.method, f"{upstream}{request.path_qs}", data=body, headers=headers
                 ) as answer:
                     data = await answer.read()
-                    out = {k: v for k, v in answer.headers.items()
-                           if k.lower() not in {"content-length", "transfer-encoding", "content-encoding"}}
+                    skip = {"content-length", "transfer-encoding", "content-encoding"}
+                    out = {k: v for k, v in answer.headers.items() if k.lower() not in skip}
                     return web.Response(status=answer.status, body=data, headers=out)
 
             app = web.Application(client_max_size=1 << 30)
@@ -132,7 +143,31 @@ async def customer_store() -> AsyncIterator[Store]:
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()
+            store.stop = asyncio.Event()
+            store.loop = asyncio.get_running_loop()
+            ready.set()
             try:
-                yield store
+                await store.stop.wait()
             finally:
                 await runner.cleanup()
+
+    asyncio.run(main())
+
+
+@pytest.fixture(scope="session")
+def customer_store() -> Iterator[Store]:
+    """The customer's store for the session (a second moto, beside the result store's), behind the proxy."""
+    with _authenticating_moto() as upstream:
+        client, iam, key_id, secret = _setup(upstream)
+        port = free_port()
+        store = Store(f"http://127.0.0.1:{port}", client, iam, key_id, secret)
+        ready = threading.Event()
+        thread = threading.Thread(target=_serve_proxy, args=(store, upstream, port, ready), daemon=True)
+        thread.start()
+        assert ready.wait(30), "the proxy did not start"
+        try:
+            yield store
+        finally:
+            assert store.loop is not None and store.stop is not None
+            store.loop.call_soon_threadsafe(store.stop.set)
+            thread.join(10)

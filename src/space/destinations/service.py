@@ -180,15 +180,18 @@ async def deliveries_of(
     rows = await session.scalars(
         select(DestinationDelivery)
         .where(DestinationDelivery.org_id == org_id, DestinationDelivery.export_id.in_(export_ids))
-        .order_by(DestinationDelivery.export_id, DestinationDelivery.created_at.desc(), DestinationDelivery.id)
-        .distinct(DestinationDelivery.export_id)
+        .order_by(DestinationDelivery.created_at.desc(), DestinationDelivery.id)
     )
-    return {
-        r.export_id: Delivery(
-            destination_id=r.destination_id,
-            state=OUTBOX_TO_DELIVERY[r.state],
-            delivered_at=r.delivered_at,
-            error_code=r.error_code,
+    latest: dict[uuid.UUID, Delivery] = {}
+    # An export has a delivery or a few (one per request): the newest of each is kept.
+    for r in rows:
+        latest.setdefault(
+            r.export_id,
+            Delivery(
+                destination_id=r.destination_id,
+                state=OUTBOX_TO_DELIVERY[r.state],
+                delivered_at=r.delivered_at,
+                error_code=r.error_code,
+            ),
         )
-        for r in rows
-    }
+    return latest
