@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from space.destinations.delivery import deliver
 from space.destinations.outbox import DELIVERIES
 from space.destinations.sealing import Sealer, load_sealer
 from space.outbox import deferring
@@ -25,6 +24,9 @@ async def _sealer(ctx: Any) -> Sealer:
 @deferring
 async def deliver_export_job(ctx: Any, *, delivery_id: str, org_id: str) -> str:
     """SAQ job: make a delivery's next attempt (and schedule the one after, if it failed and may be retried)."""
+    # Here, not at the top: the store client (aiobotocore, httpx) is loaded once a delivery runs.
+    from space.destinations.delivery import deliver
+
     worker = ctx.get("worker")
     queue = worker.queue if worker is not None else None
     return await deliver(

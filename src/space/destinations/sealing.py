@@ -15,10 +15,6 @@ import os
 import uuid
 from collections.abc import Sequence
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -36,6 +32,9 @@ class SealError(Exception):
 
 
 def _derive(signing_key: bytes) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=INFO).derive(signing_key)
 
 
@@ -47,6 +46,10 @@ class Sealer:
     """Seals with the first signing key's derived key, opens with whichever key sealed."""
 
     def __init__(self, signing_keys: Sequence[bytes]) -> None:
+        # Here, not at the top: every worker imports this module, and cryptography is megabytes it needs only
+        # once a delivery runs (tests/test_packaging.py).
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         if not signing_keys:
             raise SealError("no signing key")
         derived = [_derive(k) for k in signing_keys]
@@ -65,6 +68,8 @@ class Sealer:
         head = 1 + FINGERPRINT_BYTES
         if sealed[:1] != VERSION or len(sealed) < head + NONCE_BYTES:
             raise SealError("not a sealed secret")
+        from cryptography.exceptions import InvalidTag
+
         fingerprint, nonce, body = sealed[1:head], sealed[head : head + NONCE_BYTES], sealed[head + NONCE_BYTES :]
         for known, aead in self._keys:
             if known == fingerprint:

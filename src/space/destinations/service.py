@@ -15,7 +15,6 @@ from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from space.db import UnitOfWork
-from space.destinations import s3
 from space.destinations.models import OUTBOX_TO_DELIVERY, Destination, DestinationDelivery
 from space.destinations.outbox import DELIVERIES
 from space.destinations.schemas import Delivery, DestinationCreate, DestinationOut
@@ -53,6 +52,10 @@ async def create_destination(
     # Both before the lock: neither a slow resolver nor a slow store may hold the org's lock.
     if data.endpoint_url is not None:
         await guard.resolve(data.endpoint_url, allow_private=allow_private)
+    # Here, not at the top: the worker imports this module (the outcome door), and its lane loads the store
+    # client only once a delivery runs.
+    from space.destinations import s3
+
     target = s3.Bucket(
         data.bucket, data.prefix.strip("/"), data.region, data.endpoint_url, data.access_key_id, data.secret_access_key
     )
