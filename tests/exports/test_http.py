@@ -100,6 +100,7 @@ async def test_create_answers(api: Api, users: UserFactory) -> None:
         "byteSize",
         "sha256",
         "canDownload",
+        "delivery",
     }
     export = await create_export(api, org, org.member, SNAPSHOT)
     assert export["scope"] == "team" and export["filters"] == {}
