@@ -1,4 +1,4 @@
-"""An org's destinations and the deliveries owed to them (migration 0020). Both tables are keyed (org_id, id)."""
+"""An org's destinations and the deliveries owed to them (migration 0023). Both tables are keyed (org_id, id)."""
 
 from __future__ import annotations
 

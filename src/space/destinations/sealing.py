@@ -5,7 +5,7 @@ The associated data binds a sealed secret to its row: copied into another org's 
 longer opens. Keys rotate as the signing keys do (`SPACE_SECRET_KEY`, comma-separated): the first key seals, every
 key opens; a sealed value names the key that sealed it by a short fingerprint of the derived key (never the key),
 so opening tries only that one. Without `SPACE_SECRET_KEY` the key is the one `space migrate` keeps in the
-database (`signing_keys`): a dump of that database then holds both, which `space check` should say (decision 0095).
+database (`signing_keys`): a dump of that database then holds both, which `space check` should say (decision 0100).
 """
 
 from __future__ import annotations

@@ -13,15 +13,15 @@
 - The sweeper reads due deliveries across orgs through `space_destinations_due_deliveries`, a SECURITY DEFINER
   function like `space_webhooks_due_deliveries`: ids only, pinned `search_path`, executable by `space_app` alone.
 
-Revision ID: 0020
-Revises: 0019
+Revision ID: 0023
+Revises: 0022
 Create Date: 2026-12-04
 """
 
 from alembic import op
 
-revision = "0020"
-down_revision = "0019"
+revision = "0023"
+down_revision = "0022"
 branch_labels = None
 depends_on = None
 
