@@ -15,6 +15,8 @@ from space.auth.deps import DEPENDENCIES
 from space.auth.middleware import AUTHENTICATION
 from space.config import Settings, parse_networks
 from space.db import Database, app_url, check_app_role
+from space.destinations.routes import DeliveryController, DestinationController
+from space.destinations.sealing import load_sealer
 from space.exports.downloads import DownloadSlots
 from space.exports.links import load_signer
 from space.exports.routes import (
@@ -79,6 +81,7 @@ def create_app(settings: Settings) -> Litestar:
             async with db.engine.connect() as conn:
                 await check_app_role(conn)
             app.state.link_signer = await load_signer(settings, db.engine)
+            app.state.sealer = await load_sealer(settings, db.engine)
             # The API only enqueues (after commits), onto its installation's queue; workers consume. Its own
             # small pool, as space_queue.
             queue = await open_queue(settings, db, application_name="space-api-queue", max_connections=4)
@@ -121,6 +124,8 @@ def create_app(settings: Settings) -> Litestar:
             line_schema_route,
             WebhookController,
             ScheduleController,
+            DestinationController,
+            DeliveryController,
             web_router,
         ],
         dependencies=DEPENDENCIES,

@@ -85,6 +85,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Webhook URLs may point at loopback, private and link-local addresses (tests and local development only)."""
     webhook_retry_seconds: Annotated[float, msgspec.Meta(ge=0)] = 10
     """Delay before a webhook's second attempt, in seconds; each later attempt waits 4 times longer."""
+    delivery_retry_seconds: Annotated[float, msgspec.Meta(ge=0)] = 30
+    """Delay before a destination delivery's second attempt, in seconds; each later attempt waits 4 times longer."""
     queue_name: QueueName | None = None
     """SAQ queue name (Redis key prefix, PostgreSQL queue column); None: `space-<installation id>`."""
     result_store: ResultStoreUrl = "postgres"
@@ -173,6 +175,7 @@ ENV_VARS: dict[str, str] = {
     "SPACE_TRUSTED_PROXIES": "trusted_proxies",
     "SPACE_WEBHOOK_ALLOW_PRIVATE": "webhook_allow_private",
     "SPACE_WEBHOOK_RETRY_SECONDS": "webhook_retry_seconds",
+    "SPACE_DELIVERY_RETRY_SECONDS": "delivery_retry_seconds",
     "SPACE_WEBHOOKS_PER_ORG": "webhooks_per_org",
     "SPACE_SCHEDULES_PER_ORG": "schedules_per_org",
     "SPACE_LINK_RATE_LIMIT": "link_rate_limit",

@@ -44,6 +44,12 @@ class PayloadTooLarge(SpaceError):
     status, code, title = 413, "payload_too_large", "Request body too large"
 
 
+class DestinationUnreachable(SpaceError):
+    """Saving a destination wrote no test object into it (SPEC §22); the detail is the store's reason."""
+
+    status, code, title = 400, "destination_unreachable", "The destination can't be written"
+
+
 class Forbidden(SpaceError):
     status, code, title = 403, "forbidden", "Forbidden"
 
@@ -94,6 +100,10 @@ class WebhookLimitReached(Conflict):
 
 class ScheduleLimitReached(Conflict):
     code, title = "schedule_limit_reached", "Too many schedules"
+
+
+class DestinationInUse(Conflict):
+    code, title = "destination_in_use", "A schedule delivers to this destination"
 
 
 class ExportQuotaExceeded(Conflict):

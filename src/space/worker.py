@@ -28,6 +28,8 @@ from saq.types import PartialTimersDict
 
 from space.config import Settings
 from space.db import Database, app_url, check_app_role
+from space.destinations.jobs import deliver_export_job, sweep_deliveries_job
+from space.destinations.outbox import DELIVER_EXPORT
 from space.exports.jobs import cleanup_exports_job, reconcile_exports_job, run_export_job, wake_after_export_job
 from space.exports.lease import HAND_BACK_SECONDS
 from space.exports.queue import RUN_EXPORT
@@ -147,9 +149,13 @@ async def build_workers(
     metadata = {"installation": str(identity.installation)}
     exports = _export_worker(settings, db, identity, queue, outbound_queue, timers, metadata, serve_metrics)
 
+    outbound_exits = contextlib.AsyncExitStack()
+
     async def outbound_startup(ctx: Any) -> None:
         ctx["settings"] = settings
         ctx["db"] = outbound_db
+        # Deliveries to a customer's bucket (SPEC §22) read the results they copy.
+        ctx["store"] = await outbound_exits.enter_async_context(open_result_store(settings, outbound_db))
         ctx["installation"] = identity.installation
         ctx["foreign_logged"] = collections.OrderedDict()  # of other installations' jobs, each logged once
         log.info(
@@ -159,16 +165,25 @@ async def build_workers(
             settings.outbound_concurrency,
         )
 
+    async def outbound_shutdown(ctx: Any) -> None:
+        await outbound_exits.aclose()
+
     # Every job and cron entry is `guarded`: one of another installation sharing the broker is handed back.
     outbound: Worker[Any] = Worker(
         outbound_queue,
-        functions=[(DELIVER_WEBHOOK, guarded(deliver_webhook_job)), (SEND_EMAIL, guarded(send_email_job))],
+        functions=[
+            (DELIVER_WEBHOOK, guarded(deliver_webhook_job)),
+            (SEND_EMAIL, guarded(send_email_job)),
+            (DELIVER_EXPORT, guarded(deliver_export_job)),
+        ],
         cron_jobs=[
             CronJob(guarded(sweep_webhooks_job), cron=EVERY_MINUTE, timeout=60),
             CronJob(guarded(sweep_emails_job), cron=EVERY_MINUTE, timeout=60),
+            CronJob(guarded(sweep_deliveries_job), cron=EVERY_MINUTE, timeout=60),
         ],
         concurrency=settings.outbound_concurrency,
         startup=outbound_startup,
+        shutdown=outbound_shutdown,
         timers=timers,
         metadata=metadata,
     )

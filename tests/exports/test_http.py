@@ -104,6 +104,7 @@ async def test_create_answers(api: Api, users: UserFactory) -> None:
         "scheduleId",
         "since",
         "sinceExportId",
+        "delivery",
     }
     assert (export["scheduleId"], export["since"], export["sinceExportId"]) == (None, None, None)
     export = await create_export(api, org, org.member, SNAPSHOT)

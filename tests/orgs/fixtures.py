@@ -13,6 +13,10 @@ from sqlalchemy import select
 
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
+from space.destinations import service as destinations
+from space.destinations.models import Destination
+from space.destinations.sealing import Sealer
+from space.exports.models import ExportJob
 from space.webhooks import service as webhooks
 from space.webhooks.delivery import deliver
 from space.webhooks.models import WebhookDelivery
@@ -66,6 +70,24 @@ async def seed(api: Api, db: Database, settings: Settings, org: Org, *, projects
     # A schedule (SPEC §21), the org's too.
     r = await api.call("POST", org.path("/schedules"), org.owner, json={"kind": "snapshot", "every": "day"})
     assert r.status_code == 201, r.text
+    # A destination (written as the app role: saving one through the API needs a reachable store) and the
+    # delivery of the export above owed to it (no queue: nothing is enqueued).
+    async with UnitOfWork(db.sessionmaker, Tenant(org_id=oid)) as uow:
+        destination_id = uuid.uuid4()
+        uow.session.add(
+            Destination(
+                org_id=oid,
+                id=destination_id,
+                type="s3",
+                bucket="purged-bucket",
+                access_key_id="AKIAPURGE",
+                secret_sealed=Sealer([b"k" * 32]).seal("purge-secret", oid, destination_id),
+            )
+        )
+        await uow.session.flush()
+        export_id = await uow.session.scalar(select(ExportJob.id).where(ExportJob.org_id == oid).limit(1))
+        assert export_id is not None
+        await destinations.owe(uow, None, oid, export_id, destination_id)
 
 
 async def request_deletion(api: Api, org: Org) -> dict[str, Any]:

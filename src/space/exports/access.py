@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Dialect, Text, and_, bindparam, exists, func, inspect, literal_column, select
+from sqlalchemy import Dialect, Text, and_, bindparam, exists, func, inspect, literal_column, select, true
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from space.audit.models import AuditAction, AuditEvent
@@ -30,6 +30,8 @@ from space.audit.service import RANGE_AUDIT_SECONDS
 from space.auth.models import ApiToken, User
 from space.auth.service import Principal, bearer_hash, unknown_token
 from space.db import Tenant, driver_connection, tenant_statement
+from space.destinations.models import OUTBOX_TO_DELIVERY, DestinationDelivery
+from space.destinations.schemas import Delivery
 from space.errors import LinkInvalid, NotFound
 from space.exports.links import LinkGrant
 from space.exports.models import ExportJob
@@ -61,6 +63,8 @@ class Access:
     now: dt.datetime
     range_audited: bool
     """A link's ranges have their audit row of this minute already (only asked for a link's ranged request)."""
+    delivery: Delivery | None
+    """The export's latest delivery to a destination (SPEC §22), or None."""
 
 
 @functools.cache
@@ -78,6 +82,15 @@ def _compiled(dialect: Dialect, by_link: bool) -> tuple[str, dict[str, Any]]:
         if by_link
         else ApiToken.token_hash == bindparam("hash")
     )
+    # The export's latest delivery (SPEC §22), in the same statement: the status GET shows it.
+    d = DestinationDelivery
+    latest = (
+        select(d.destination_id, d.state, d.delivered_at, d.error_code)
+        .where(d.org_id == bindparam("org"), d.export_id == bindparam("export"))
+        .order_by(d.created_at.desc(), d.id)
+        .limit(1)
+        .lateral("latest_delivery")
+    )
     stmt = (
         select(
             User.id,
@@ -89,6 +102,7 @@ def _compiled(dialect: Dialect, by_link: bool) -> tuple[str, dict[str, Any]]:
             *(c for c, _ in _JOB),
             func.now(),
             audited,
+            *latest.c,
         )
         .select_from(ApiToken)
         .join(User, User.id == ApiToken.user_id)
@@ -103,6 +117,7 @@ def _compiled(dialect: Dialect, by_link: bool) -> tuple[str, dict[str, Any]]:
                 ExportJob.deleted_at.is_(None),
             ),
         )
+        .outerjoin(latest, true())
         .where(caller, ApiToken.revoked_at.is_(None))
     )
     c = stmt.compile(dialect=dialect)
@@ -154,6 +169,19 @@ async def authorize(
         job=None if job_values[0] is None else _entity(ExportJob, _JOB, job_values),
         now=row[at],
         range_audited=bool(row[at + 1]),
+        delivery=_delivery(row[at + 2 :]),
+    )
+
+
+def _delivery(values: Any) -> Delivery | None:
+    destination_id, state, delivered_at, error_code = values
+    if state is None:
+        return None
+    return Delivery(
+        destination_id=destination_id,
+        state=OUTBOX_TO_DELIVERY[state],
+        delivered_at=delivered_at,
+        error_code=error_code,
     )
 
 

@@ -8,9 +8,8 @@ removed (`service.cancel_for_role`). It writes the audit row, then hands the out
 `CHANNELS`. A channel writes what it owes in the same transaction (rows of its outbox, `space.outbox`) and
 enqueues after the commit, so what is sent exists exactly when the outcome committed.
 
-Channels today: webhooks, and notifications (SPEC §19: in the app and by email, to the export's creator).
-Deliveries to a customer's bucket (§22) are one more function in `CHANNELS`, deciding for itself which outcomes
-it sends.
+Channels today: webhooks, notifications (SPEC §19: in the app and by email, to the export's creator), and
+deliveries to a customer's bucket (§22: a completed scheduled run whose schedule names a destination).
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from saq import Queue
 from space.audit import service as audit
 from space.audit.models import AuditAction
 from space.db import UnitOfWork
+from space.destinations import service as destinations
 from space.exports import ledger
 from space.exports.models import ExportState
 from space.notifications import service as notifications
@@ -185,5 +185,11 @@ async def _schedule(uow: UnitOfWork, queue: Queue | None, outcome: Outcome) -> N
     )
 
 
-CHANNELS: tuple[Channel, ...] = (_webhooks, _notifications, _schedule)
-"""Every outbound channel, in the order they are told. Destinations (§22) go here."""
+async def _destinations(uow: UnitOfWork, queue: Queue | None, outcome: Outcome) -> None:
+    # SPEC §22: only a published export is delivered; a failed or cancelled run has nothing to copy.
+    if outcome.state is ExportState.completed:
+        await destinations.owe_after_publish(uow, queue, outcome.org_id, outcome.export_id)
+
+
+CHANNELS: tuple[Channel, ...] = (_webhooks, _notifications, _schedule, _destinations)
+"""Every outbound channel, in the order they are told."""

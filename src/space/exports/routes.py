@@ -258,7 +258,7 @@ class ExportController(Controller):
     ) -> Export:
         """One of the caller's exports."""
         found, org = await access.by_bearer(db.engine, request.headers.get("authorization"), org_id, export_id)
-        return service.export_of(org, found.membership, found.job, found.now)
+        return service.export_of(org, found.membership, found.job, found.now, found.delivery)
 
     @delete("/{export_id:str}")
     async def remove(

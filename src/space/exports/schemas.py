@@ -8,6 +8,7 @@ import operator
 import uuid
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar
 
+from space.destinations.schemas import Delivery
 from space.exports.formats.base import ExportRequest
 from space.exports.formats.registry import KINDS, ExportKind
 from space.exports.models import ExportScope, ExportState
@@ -50,6 +51,8 @@ class Export(Output):
     """An incremental run's start: the previous run's `snapshotAt` (None: the run is complete)."""
     since_export_id: uuid.UUID | None
     """The previous run an incremental run continues from."""
+    delivery: Delivery | None
+    """The latest delivery of this export to a destination (SPEC §22), or None."""
 
 
 class Link(Output):

@@ -21,6 +21,8 @@ from space.config import Settings
 from space.cursors import decode_cursor, encode_cursor
 from space.db import UnitOfWork
 from space.db.locks import lock_user
+from space.destinations import service as destinations
+from space.destinations.schemas import Delivery
 from space.errors import (
     AccessRevoked,
     ExportExpired,
@@ -60,13 +62,14 @@ CANCELLED_BY_ADMIN = "cancelled_by_admin"
 ACCESS_REVOKED = "access_revoked"
 
 
-def export_out(job: ExportJob, *, can_download: bool) -> Export:
+def export_out(job: ExportJob, *, can_download: bool, delivery: Delivery | None = None) -> Export:
     """The API shape of an export."""
-    return Export(**_fields(job, can_download))
+    return Export(**_fields(job, can_download, delivery))
 
 
-def _fields(job: ExportJob, can_download: bool) -> dict[str, Any]:
+def _fields(job: ExportJob, can_download: bool, delivery: Delivery | None = None) -> dict[str, Any]:
     return dict(
+        delivery=delivery,
         id=job.id,
         kind=ExportKind(job.kind),
         state=ExportState(job.state),
@@ -227,7 +230,11 @@ async def list_exports(
             raise _not_a_cursor()
     # One more than asked: whether an older page exists, without counting.
     rows = await ledger.newest_owned(session, org.id, member.user_id, limit + 1, position)
-    items = [export_out(job, can_download=_downloadable(org, member, job, now)) for job, now in rows[:limit]]
+    delivered = await destinations.deliveries_of(session, org.id, [job.id for job, _ in rows[:limit]])
+    items = [
+        export_out(job, can_download=_downloadable(org, member, job, now), delivery=delivered.get(job.id))
+        for job, now in rows[:limit]
+    ]
     return ExportPage(items=items, next=_next(rows, limit))
 
 
@@ -259,12 +266,18 @@ async def _get_owned(
     return row
 
 
-def export_of(org: Organization, membership: Membership | None, job: ExportJob | None, now: dt.datetime) -> Export:
+def export_of(
+    org: Organization,
+    membership: Membership | None,
+    job: ExportJob | None,
+    now: dt.datetime,
+    delivery: Delivery | None = None,
+) -> Export:
     """One export of the member's, from the rows `access.authorize` read with the caller; NotFound otherwise."""
     member = _member(membership)
     if job is None:
         raise NotFound()
-    return export_out(job, can_download=_downloadable(org, member, job, now))
+    return export_out(job, can_download=_downloadable(org, member, job, now), delivery=delivery)
 
 
 async def list_org_exports(
@@ -285,10 +298,13 @@ async def list_org_exports(
         if position is None:
             raise _not_a_cursor()
     rows = await ledger.newest_in_org(session, org.id, limit + 1, position)
+    delivered = await destinations.deliveries_of(session, org.id, [job.id for job, _, _ in rows[:limit]])
     items = [
         OrgExport(
             # Only an export's creator ever downloads it, whatever the caller's role.
-            **_fields(job, job.creator_id == member.user_id and _downloadable(org, member, job, now)),
+            **_fields(
+                job, job.creator_id == member.user_id and _downloadable(org, member, job, now), delivered.get(job.id)
+            ),
             creator=ExportCreator(user_id=job.creator_id, name=name),
         )
         for job, name, now in rows[:limit]

@@ -45,7 +45,10 @@ def deletion_title(org_name: str) -> str:
 
 def schedule_paused_title(kind: str, org_name: str, reason: str) -> str:
     """ "A schedule of Tickets (CSV) exports in Acme was paused: its runs kept failing"."""
-    why = "its creator is no longer an owner or admin" if reason == "access_revoked" else "its runs kept failing"
+    why = {
+        "access_revoked": "its creator is no longer an owner or admin",
+        "destination_failed": "its destination refused a delivery",
+    }.get(reason, "its runs kept failing")
     return f"A schedule of {words.kind(kind)} exports in {org_name} was paused: {why}"
 
 

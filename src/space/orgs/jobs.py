@@ -34,6 +34,8 @@ PURGE_TABLES: tuple[str, ...] = (
     "webhook_attempts",
     "webhook_deliveries",
     "webhook_endpoints",
+    "destination_deliveries",
+    "destinations",
     "notifications",
     "tickets",
     "tasks",

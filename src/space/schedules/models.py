@@ -23,11 +23,13 @@ class Every(enum.StrEnum):
 
 
 class PausedReason(enum.StrEnum):
-    """Why a schedule does not run: its managers paused it, its runs kept failing, or its creator lost the role."""
+    """Why a schedule does not run: its managers paused it, its runs kept failing, its creator lost the role, or
+    its destination refused a delivery (SPEC §22)."""
 
     user = "user"
     failing = "failing"
     access_revoked = "access_revoked"
+    destination_failed = "destination_failed"
 
 
 FAILURES_TO_PAUSE = 3
@@ -50,7 +52,7 @@ class Schedule(Base):
     """ISO weekday, 1 (Monday) to 7 (week only)."""
     incremental: Mapped[bool] = mapped_column(default=False)
     destination_id: Mapped[uuid.UUID | None]
-    """Where runs are delivered (SPEC §22); carried as given until destinations are wired."""
+    """Where runs are delivered (SPEC §22): a destination of the same org (foreign key `(org_id, destination_id)`)."""
     paused: Mapped[bool] = mapped_column(default=False)
     paused_reason: Mapped[str | None]
     consecutive_failures: Mapped[int] = mapped_column(default=0)

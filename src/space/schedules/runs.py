@@ -1,7 +1,8 @@
 """What a schedule learns when one of its runs ends (told by the exports' outcome door, `exports.outcomes`):
 a completed run clears its failures; a failed one counts, and the third in a row pauses it (`failing`); a run
 failed `access_revoked` (its creator is no longer an owner or admin) pauses it at once. A pause is told to the
-creator and the org's owners (SPEC §19, `schedule.paused`) in the same transaction."""
+creator and the org's owners (SPEC §19, `schedule.paused`) in the same transaction. So is a run whose delivery
+the customer's store refused (`destination_failed`, SPEC §22, told by `destinations.delivery`)."""
 
 from __future__ import annotations
 
@@ -44,18 +45,36 @@ async def run_ended(
         reason = PausedReason.failing
     else:
         return
+    await _pause(uow, queue, s, reason, error_code)
+
+
+async def delivery_failed(
+    uow: UnitOfWork, queue: Queue | None, org_id: uuid.UUID, schedule_id: uuid.UUID, error_code: str | None
+) -> None:
+    """A run's delivery failed for good (the customer's store refused it, SPEC §22): pause the schedule
+    (`destination_failed`) and tell its creator and the owners, in the transaction that records the failure."""
+    s = await uow.session.scalar(
+        select(Schedule).where(Schedule.org_id == org_id, Schedule.id == schedule_id).with_for_update()
+    )
+    if s is not None:
+        await _pause(uow, queue, s, PausedReason.destination_failed, error_code)
+
+
+async def _pause(
+    uow: UnitOfWork, queue: Queue | None, s: Schedule, reason: PausedReason, error_code: str | None
+) -> None:
     if s.paused:
         return
     s.paused = True
     s.paused_reason = reason.value
-    owners = await session.scalars(
-        select(Membership.user_id).where(Membership.org_id == org_id, Membership.role == Role.owner.value)
+    owners = await uow.session.scalars(
+        select(Membership.user_id).where(Membership.org_id == s.org_id, Membership.role == Role.owner.value)
     )
     await notifications.schedule_paused(
         uow,
         queue,
-        org_id=org_id,
-        schedule_id=schedule_id,
+        org_id=s.org_id,
+        schedule_id=s.id,
         kind=s.kind,
         reason=reason.value,
         failures=s.consecutive_failures,

@@ -12,6 +12,7 @@ import msgspec
 from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from space.destinations import service as destinations
 from space.errors import InvalidRequest, NotFound, ScheduleLimitReached
 from space.exports.models import ExportJob
 from space.exports.schemas import ExportCreate
@@ -72,6 +73,14 @@ def _request(data: ScheduleCreate) -> tuple[dict[str, Any], str]:
     return request.ledger_filters(), request.ledger_delimiter()
 
 
+async def _destination_of_org(session: AsyncSession, org_id: uuid.UUID, destination_id: uuid.UUID | None) -> None:
+    """A schedule names only a destination of its own org (SPEC §22): 400 otherwise, never a foreign key's 500."""
+    if destination_id is not None and not await destinations.exists_in(session, org_id, destination_id):
+        raise InvalidRequest(
+            "destinationId: this organization has no such destination.", errors=[{"key": "destinationId"}]
+        )
+
+
 async def _now(session: AsyncSession) -> dt.datetime:
     now: dt.datetime = (await session.execute(select(func.now()))).scalar_one()
     return now
@@ -86,6 +95,7 @@ async def create_schedule(
     await orgs.lock_org(session, org_id)
     await orgs.authority(session, org_id, actor_id, orgs.MANAGERS)
     count = await session.scalar(select(func.count()).select_from(Schedule).where(Schedule.org_id == org_id))
+    await _destination_of_org(session, org_id, data.destination_id)
     if (count or 0) >= limit:
         raise ScheduleLimitReached(f"This organization has {count} schedules; at most {limit} are allowed.")
     schedule = Schedule(
@@ -141,6 +151,7 @@ async def update_schedule(
     s.at_minute, s.weekday = _cadence(every, at, weekday)
     s.every = every.value
     if data.destination_id is not msgspec.UNSET:
+        await _destination_of_org(session, org_id, data.destination_id)
         s.destination_id = data.destination_id
     if data.paused is not msgspec.UNSET and data.paused != s.paused:
         s.paused = data.paused

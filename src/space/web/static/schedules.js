@@ -19,7 +19,7 @@ export function setup(onSignOut) {
 }
 
 const KINDS = { tickets_csv: "Tickets (CSV)", tickets_xlsx: "Tickets (Excel)", snapshot: "Snapshot (JSON)", archive: "Complete archive" };
-const PAUSED = { user: "paused", failing: "paused: its runs kept failing", access_revoked: "paused: its creator is no longer an owner or admin" };
+const PAUSED = { user: "paused", failing: "paused: its runs kept failing", access_revoked: "paused: its creator is no longer an owner or admin", destination_failed: "paused: its destination refused a delivery" };
 
 function describe(s) {
   const when = s.every === "hour" ? "every hour" : s.every === "day" ? `every day at ${s.at} UTC` : `every week (day ${s.weekday}) at ${s.at} UTC`;
