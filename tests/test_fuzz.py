@@ -234,6 +234,7 @@ async def test_every_route_rejects_a_missing_or_unknown_token(
         "notification_id": str(uuid.uuid4()),
         "schedule_id": str(uuid.uuid4()),
         "import_id": str(uuid.uuid4()),
+        "destination_id": str(uuid.uuid4()),
     }
     checked = []
     for path, ops in doc["paths"].items():

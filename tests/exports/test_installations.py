@@ -372,9 +372,11 @@ async def test_every_job_and_cron_the_worker_registers_is_guarded(settings: Sett
             "sweep_webhooks_job",
             "send_email_job",
             "sweep_emails_job",
+            "deliver_export_job",
+            "sweep_deliveries_job",
         }, lanes.outbound.functions
         assert not set(lanes.exports.functions) & set(lanes.outbound.functions)
-        assert len(lanes.exports.cron_jobs) + len(lanes.outbound.cron_jobs) == 7
+        assert len(lanes.exports.cron_jobs) + len(lanes.outbound.cron_jobs) == 8
         assert lanes.outbound.queue.name == lanes.exports.queue.name + "-outbound"
         unguarded = [
             name for worker in lanes.workers for name, function in worker.functions.items() if not is_guarded(function)
