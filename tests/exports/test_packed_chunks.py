@@ -231,3 +231,8 @@ async def test_a_range_inside_a_packed_chunk_enters_its_frame_at_its_block(
     assert sum(store.parts) < BLOCK_BYTES
     with pytest.raises(ResultMissing):
         _ = [p async for p in store.read(key, 10, 20)]
+    # A range ending inside the chunk fetches the blocks it spans, not a part's worth of the frame past its end.
+    store.parts.clear()
+    a, b = 2 * BLOCK_BYTES + 10, 3 * BLOCK_BYTES + 10
+    assert b"".join([p async for p in store.read(key, a, b)]) == body[a:b]
+    assert sum(store.parts) == blocks[4] - blocks[2]

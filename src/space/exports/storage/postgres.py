@@ -121,7 +121,8 @@ _ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 # plain chunk :len bytes from byte :pos (1-based); of a packed one (codec lz4) :clen bytes of its frame from byte
 # :cpos, or, when the chunk lists its blocks and :block is one of them (1-based; 0 is none), from where that
 # block starts, since a frame expands from its start or from a block of its own (the column `b`: where it began,
-# 0-based, NULL when at :cpos). `substring` detoasts only the slice it needs: the column is
+# 0-based, NULL when at :cpos); and, when block :stop is listed (the one after the range's last byte), no further
+# than where it starts: a range fetches the blocks it expands, not a part's worth past its end. `substring` detoasts only the slice it needs: the column is
 # EXTERNAL (0013), so a value is fetched up to the slice's end. `OFFSET 0` keeps the slice computed once, not
 # once per row; `length` reads the stored size without detoasting. The lookup is by the whole primary key, so
 # no plan detoasts another chunk. The rows are put in order in Python (an ORDER BY would sort the part). An
@@ -130,7 +131,10 @@ _READ_PART = """
 SELECT p.size, o, substring(p.d FROM o FOR %(piece)s), p.codec, p.b
 FROM (SELECT coalesce(raw_size, length(data)) AS size, codec, blocks[%(block)s] AS b,
              CASE WHEN codec IS NULL THEN substring(data FROM %(pos)s FOR %(len)s)
-                  ELSE substring(data FROM coalesce(blocks[%(block)s] + 1, %(cpos)s) FOR %(clen)s) END AS d
+                  ELSE substring(data FROM coalesce(blocks[%(block)s] + 1, %(cpos)s)
+                                 FOR least(%(clen)s, greatest(0, coalesce(
+                                     blocks[%(stop)s] - coalesce(blocks[%(block)s], %(cpos)s - 1), %(clen)s))))
+             END AS d
       FROM export_chunks
       WHERE export_id = %(export)s AND execution_id = %(execution)s AND seq = %(seq)s AND org_id = %(org)s
       OFFSET 0) AS p,
@@ -272,13 +276,22 @@ class PgResultStore:
             # A packed chunk's frame expands from where it is entered: a range ending early in the chunk needs about
             # as many of the frame's bytes as it expands to up to that end (LZ4 adds well under 1% to what it can't
             # pack), not a whole part. The piece's size more is slack; a part that ran short is read on by the loop.
-            clen = self._part_bytes
+            clen, stop = self._part_bytes, 0
             if end is not None:
                 made = packed.made if packed is not None else block * BLOCK_BYTES
                 clen = min(clen, pos + (end - offset) - made + self._piece_bytes)
+                stop = (pos + (end - offset) - 1) // BLOCK_BYTES + 2  # 1-based: the block after the last byte's
             rows = await _finished(
                 self._query(
-                    key, _READ_PART, seq=seq, pos=pos + 1, len=length, cpos=read_to + 1, clen=clen, block=block + 1
+                    key,
+                    _READ_PART,
+                    seq=seq,
+                    pos=pos + 1,
+                    len=length,
+                    cpos=read_to + 1,
+                    clen=clen,
+                    block=block + 1,
+                    stop=stop,
                 )
             )
             if not rows:
