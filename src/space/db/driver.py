@@ -22,6 +22,34 @@ async def driver_connection(source: AsyncSession | AsyncConnection) -> psycopg.A
     return cast(psycopg.AsyncConnection[Any], adapted.driver_connection)
 
 
+async def read_in_one_trip(
+    conn: psycopg.AsyncConnection[Any],
+    tenant: psycopg.AsyncCursor[Any],
+    tenant_statement: tuple[str, Any],
+    cur: psycopg.AsyncCursor[Any],
+    query: str,
+    params: dict[str, Any],
+) -> None:
+    """Run `query` on `cur` in a short transaction of its own under the tenant setting: BEGIN, the setting, the
+    query and COMMIT in one pipeline with one Sync, one round trip; the rows are then on `cur`.
+
+    psycopg opens the transaction itself (the pool's connections are not in autocommit) and the COMMIT is a
+    statement of the pipeline. `conn.transaction()` inside a pipeline would nest two more pipelines, each of
+    which syncs on entering and leaving: four more round trips for the same statements (docs/decisions 0100).
+    A failure rolls the transaction back before it is raised.
+    """
+    if conn.autocommit:
+        raise RuntimeError("read_in_one_trip needs a connection that is not in autocommit")
+    try:
+        async with conn.pipeline():
+            await tenant.execute(*tenant_statement)
+            await cur.execute(query, params)
+            await tenant.execute("COMMIT")
+    except BaseException:
+        await conn.rollback()
+        raise
+
+
 def compiled(session: AsyncSession, stmt: ClauseElement) -> tuple[str, dict[str, Any]]:
     """The statement as the driver's SQL and its parameters (none of our types needs a bind processor)."""
     c = stmt.compile(dialect=session.get_bind().dialect)

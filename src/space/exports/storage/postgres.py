@@ -29,7 +29,7 @@ import lz4.frame
 from sqlalchemy import Insert, delete, insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from space.db import Tenant, UnitOfWork, driver_connection, set_tenant, tenant_statement
+from space.db import Tenant, UnitOfWork, driver_connection, read_in_one_trip, set_tenant, tenant_statement
 from space.exports import ledger
 from space.exports.models import ExportChunk
 from space.exports.storage.protocol import READ_PIECE_BYTES, ChunkSink, ResultKey, ResultMissing
@@ -361,9 +361,7 @@ class PgResultStore:
             conn = await driver_connection(pooled)
             # Binary: the bytes come as they are stored, not as hex text twice their size.
             async with conn.cursor() as tenant, conn.cursor(binary=True) as cur:
-                async with conn.pipeline(), conn.transaction():
-                    await tenant.execute(tenant_sql, tenant_params)
-                    await cur.execute(query, bound)
+                await read_in_one_trip(conn, tenant, (tenant_sql, tenant_params), cur, query, bound)
                 return await cur.fetchall()
 
 
