@@ -6,6 +6,7 @@ connection itself: text and bytea then arrive as raw bytes, with no hex or decod
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, cast
 
 import psycopg
@@ -46,7 +47,10 @@ async def read_in_one_trip(
             await cur.execute(query, params)
             await tenant.execute("COMMIT")
     except BaseException:
-        await conn.rollback()
+        # A connection that broke meanwhile (the database went away) is dropped by the pool: its error is raised.
+        if not conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                await conn.rollback()
         raise
 
 
