@@ -1,4 +1,4 @@
-"""`db.read_in_one_trip` (decision 0100): the tenant setting, the query and COMMIT in one transaction of one Sync,
+"""`db.read_in_one_trip` (decision 0101): the tenant setting, the query and COMMIT in one transaction of one Sync,
 the setting gone afterwards, and a failing query rolled back with the connection usable again."""
 
 from __future__ import annotations

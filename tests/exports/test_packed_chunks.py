@@ -195,7 +195,7 @@ async def test_a_packed_chunk_is_read_a_part_of_its_frame_at_a_time(
 async def test_a_range_inside_a_packed_chunk_enters_its_frame_at_its_block(
     api: Api, db: Database, settings: Settings, owner_url: str
 ) -> None:
-    """A chunk's frame lists where its 64 KiB blocks start (0023), so a range inside it reads from its own block:
+    """A chunk's frame lists where its 64 KiB blocks start (0024), so a range inside it reads from its own block:
     with the first block damaged, a range in a later one still reads byte for byte (it never reads that block),
     while one touching the first fails; the frame bytes a range fetches are about one block's, not the chunk's."""
     org = await api.org()

@@ -36,7 +36,7 @@ async def read_in_one_trip(
 
     psycopg opens the transaction itself (the pool's connections are not in autocommit) and the COMMIT is a
     statement of the pipeline. `conn.transaction()` inside a pipeline would nest two more pipelines, each of
-    which syncs on entering and leaving: four more round trips for the same statements (docs/decisions 0100).
+    which syncs on entering and leaving: four more round trips for the same statements (docs/decisions 0101).
     A failure rolls the transaction back before it is raised.
     """
     if conn.autocommit:

@@ -93,4 +93,4 @@ class ExportChunk(Base):
     raw_size: Mapped[int | None]
     """The chunk's bytes once expanded (None when not packed)."""
     blocks: Mapped[list[int] | None] = mapped_column(ARRAY(Integer))
-    """Where each 64 KiB block of a packed chunk's frame starts (migration 0023; None: read it from its start)."""
+    """Where each 64 KiB block of a packed chunk's frame starts (migration 0024; None: read it from its start)."""

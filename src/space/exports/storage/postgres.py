@@ -12,8 +12,8 @@ database writes, logs and reads a fraction of the bytes (text compresses about 4
 compression's CPU is the worker's, not the shared database's. A chunk that would not shrink by a quarter is
 stored as it is. A packed chunk is read a part of its frame at a time and expanded a piece at a time, so a
 download still holds one part. Its blocks are independent and `blocks` lists where each starts in the frame
-(migration 0023), so a range starting inside a chunk reads and expands from its own 64 KiB block, not from the
-chunk's start (docs/decisions 0100).
+(migration 0024), so a range starting inside a chunk reads and expands from its own 64 KiB block, not from the
+chunk's start (docs/decisions 0101).
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ class PgResultStore:
             length = self._part_bytes if end is None else min(self._part_bytes, end - offset)
             read_to = 0 if packed is None else packed.read
             # A chunk's first part starting past its first block enters the frame at its block, if the chunk lists
-            # its blocks (0023); if not, the frame is read from its start, as before.
+            # its blocks (0024); if not, the frame is read from its start, as before.
             block = pos // BLOCK_BYTES if packed is None else -1  # -1: go on where the last part ended
             # A packed chunk's frame expands from where it is entered: a range ending early in the chunk needs about
             # as many of the frame's bytes as it expands to up to that end (LZ4 adds well under 1% to what it can't
