@@ -13,13 +13,14 @@ import random
 import tracemalloc
 from typing import Any
 
+import lz4.frame
 import psycopg
 import pytest
 
 from space.config import Settings
 from space.db import Database
 from space.exports.pipeline import run_export
-from space.exports.storage.postgres import PROBE_BYTES, PgResultStore, pack
+from space.exports.storage.postgres import BLOCK_BYTES, PROBE_BYTES, PgResultStore, block_offsets, pack
 from space.exports.storage.protocol import ResultKey, ResultMissing
 from tests.exports.fixtures import add_tickets, create_export, download, job_row, runner, tuned, uid
 from tests.helpers import Api, Org
@@ -189,3 +190,49 @@ async def test_a_packed_chunk_is_read_a_part_of_its_frame_at_a_time(
     a = len(body) // 2
     assert b"".join([p async for p in store.read(key, a, a + 10)]) == body[a : a + 10]
     assert max(store.parts) <= 1000
+
+
+async def test_a_range_inside_a_packed_chunk_enters_its_frame_at_its_block(
+    api: Api, db: Database, settings: Settings, owner_url: str
+) -> None:
+    """A chunk's frame lists where its 64 KiB blocks start (0024), so a range inside it reads from its own block:
+    with the first block damaged, a range in a later one still reads byte for byte (it never reads that block),
+    while one touching the first fails; the frame bytes a range fetches are about one block's, not the chunk's."""
+    org = await api.org()
+    rng = random.Random(5)
+    words = ["toner", "printer", "floor", "again", "broken", "laptop", "screen", "vpn", "login", "mail"]
+    titles = [" ".join(rng.choice(words) for _ in range(30)) for _ in range(6000)]
+    await add_tickets(db, org.id, org.member, titles)
+    export = await create_export(api, org, org.member, {"kind": "tickets_csv"})
+    chunk = 512 * 1024
+    assert await run_export(runner(tuned(settings, export_chunk_bytes=chunk), db), uid(export["id"]), uid(org.id)) == (
+        "completed"
+    )
+    body = (await download(api, org, org.member, export["id"])).content
+    assert len(body) > 2 * chunk
+    with psycopg.connect(owner_url) as conn:
+        data, blocks = conn.execute(
+            "SELECT data, blocks FROM export_chunks WHERE export_id = %s AND seq = 0", (export["id"],)
+        ).fetchone() or (None, None)
+        assert blocks == block_offsets(data) and len(blocks) == chunk // BLOCK_BYTES
+        assert lz4.frame.decompress(data) == body[:chunk]
+        # Damage the first block's compressed bytes (past its 4-byte size): its checksum no longer matches.
+        conn.execute(
+            "UPDATE export_chunks SET data = overlay(data PLACING '\\xffffffffffffffff'::bytea FROM %s)"
+            " WHERE export_id = %s AND seq = 0",
+            (blocks[0] + 4 + 16 + 1, export["id"]),
+        )
+    job = await job_row(db, org.id, export["id"])
+    assert job.execution_id is not None
+    key = ResultKey(uid(org.id), uid(export["id"]), job.execution_id)
+    store = _Counted(db.sessionmaker)
+    a = 5 * BLOCK_BYTES + 100
+    assert b"".join([p async for p in store.read(key, a, a + 10)]) == body[a : a + 10]
+    assert sum(store.parts) < BLOCK_BYTES
+    with pytest.raises(ResultMissing):
+        _ = [p async for p in store.read(key, 10, 20)]
+    # A range ending inside the chunk fetches the blocks it spans, not a part's worth of the frame past its end.
+    store.parts.clear()
+    a, b = 2 * BLOCK_BYTES + 10, 3 * BLOCK_BYTES + 10
+    assert b"".join([p async for p in store.read(key, a, b)]) == body[a:b]
+    assert sum(store.parts) == blocks[4] - blocks[2]

@@ -29,7 +29,7 @@ from space.audit.models import AuditAction, AuditEvent
 from space.audit.service import RANGE_AUDIT_SECONDS
 from space.auth.models import ApiToken, User
 from space.auth.service import Principal, bearer_hash, unknown_token
-from space.db import Tenant, driver_connection, tenant_statement
+from space.db import Tenant, driver_connection, read_in_one_trip, tenant_statement
 from space.destinations.models import OUTBOX_TO_DELIVERY, DestinationDelivery
 from space.destinations.schemas import Delivery
 from space.errors import LinkInvalid, NotFound
@@ -151,9 +151,7 @@ async def authorize(
     async with engine.connect() as pooled:
         conn = await driver_connection(pooled)
         async with conn.cursor() as tenant, conn.cursor() as cur:
-            async with conn.pipeline(), conn.transaction():
-                await tenant.execute(tenant_sql, tenant_params)
-                await cur.execute(sql, params)
+            await read_in_one_trip(conn, tenant, (tenant_sql, tenant_params), cur, sql, params)
             row = await cur.fetchone()
     if row is None:
         return None

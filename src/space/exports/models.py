@@ -7,8 +7,8 @@ import enum
 import uuid
 from typing import Any
 
-from sqlalchemy import ForeignKey
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import ForeignKey, Integer
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from space.db.base import Base, created_at, org_key, tenant_fk, uuid_pk
@@ -92,3 +92,5 @@ class ExportChunk(Base):
     """How `data` is packed (migration 0013): None as it is, `lz4` one lz4 frame."""
     raw_size: Mapped[int | None]
     """The chunk's bytes once expanded (None when not packed)."""
+    blocks: Mapped[list[int] | None] = mapped_column(ARRAY(Integer))
+    """Where each 64 KiB block of a packed chunk's frame starts (migration 0024; None: read it from its start)."""

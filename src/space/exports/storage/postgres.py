@@ -11,7 +11,9 @@ Compression: the worker packs each chunk as one lz4 frame before it stores it (`
 database writes, logs and reads a fraction of the bytes (text compresses about 4:1) whatever its build, and the
 compression's CPU is the worker's, not the shared database's. A chunk that would not shrink by a quarter is
 stored as it is. A packed chunk is read a part of its frame at a time and expanded a piece at a time, so a
-download still holds one part.
+download still holds one part. Its blocks are independent and `blocks` lists where each starts in the frame
+(migration 0024), so a range starting inside a chunk reads and expands from its own 64 KiB block, not from the
+chunk's start (docs/decisions 0101).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import lz4.frame
 from sqlalchemy import Insert, delete, insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from space.db import Tenant, UnitOfWork, driver_connection, set_tenant, tenant_statement
+from space.db import Tenant, UnitOfWork, driver_connection, read_in_one_trip, set_tenant, tenant_statement
 from space.exports import ledger
 from space.exports.models import ExportChunk
 from space.exports.storage.protocol import READ_PIECE_BYTES, ChunkSink, ResultKey, ResultMissing
@@ -51,6 +53,14 @@ class Packed:
     data: bytes | memoryview
     codec: str | None = None
     raw_size: int | None = None
+    blocks: list[int] | None = None
+    """Where each block of the frame starts in `data` (`BLOCK_BYTES` of the chunk each, the last the rest)."""
+
+
+BLOCK_BYTES = 64 * 1024
+"""The expanded size of every block of a packed chunk's frame but its last."""
+FRAME_HEADER_BYTES = 7
+"""A frame's header as `_frame` writes it: magic number, flags, block descriptor, header checksum (no size)."""
 
 
 PROBE_BYTES = 64 * 1024
@@ -69,14 +79,33 @@ def pack(chunk: bytes | memoryview) -> Packed:
     frame = _frame(chunk)
     if len(frame) > PACKED_AT_MOST * len(chunk):
         return Packed(chunk)
-    return Packed(frame, "lz4", len(chunk))
+    return Packed(frame, "lz4", len(chunk), block_offsets(frame))
 
 
 def _frame(data: bytes | memoryview) -> bytes:
+    # Independent blocks (not linked to the one before, about 1.5% larger on CSV): a reader can enter at any one.
     frame: bytes = lz4.frame.compress(
-        data, block_size=lz4.frame.BLOCKSIZE_MAX64KB, block_checksum=True, store_size=False
+        data, block_size=lz4.frame.BLOCKSIZE_MAX64KB, block_checksum=True, store_size=False, block_linked=False
     )
     return frame
+
+
+_FRAME_HEADER = _frame(b"")[:FRAME_HEADER_BYTES]
+"""The header `_frame` writes on every frame (its flags and block size only): what a frame entered at a block is
+fed first."""
+
+
+def block_offsets(frame: bytes) -> list[int]:
+    """Where each block of a frame `_frame` wrote starts: a walk over the blocks' 4-byte sizes (the top bit says
+    "stored as it is") up to the end mark, each block followed by its 4-byte checksum."""
+    offsets: list[int] = []
+    at = FRAME_HEADER_BYTES
+    while True:
+        size = int.from_bytes(frame[at : at + 4], "little") & 0x7FFFFFFF
+        if not size:
+            return offsets
+        offsets.append(at)
+        at += 4 + size + 4
 
 
 def _packs(probe: memoryview) -> bool:
@@ -90,16 +119,22 @@ _ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 
 # One part of chunk :seq:, cut into rows of :piece bytes, with the chunk's size (expanded) and codec: of a
 # plain chunk :len bytes from byte :pos (1-based); of a packed one (codec lz4) :clen bytes of its frame from byte
-# :cpos, since a frame only expands from its start. `substring` detoasts only the slice it needs: the column is
+# :cpos, or, when the chunk lists its blocks and :block is one of them (1-based; 0 is none), from where that
+# block starts, since a frame expands from its start or from a block of its own (the column `b`: where it began,
+# 0-based, NULL when at :cpos); and, when block :stop is listed (the one after the range's last byte), no further
+# than where it starts: a range fetches the blocks it expands, not a part's worth past its end. `substring` detoasts only the slice it needs: the column is
 # EXTERNAL (0013), so a value is fetched up to the slice's end. `OFFSET 0` keeps the slice computed once, not
 # once per row; `length` reads the stored size without detoasting. The lookup is by the whole primary key, so
 # no plan detoasts another chunk. The rows are put in order in Python (an ORDER BY would sort the part). An
 # empty slice is one empty row.
 _READ_PART = """
-SELECT p.size, o, substring(p.d FROM o FOR %(piece)s), p.codec
-FROM (SELECT coalesce(raw_size, length(data)) AS size, codec,
+SELECT p.size, o, substring(p.d FROM o FOR %(piece)s), p.codec, p.b
+FROM (SELECT coalesce(raw_size, length(data)) AS size, codec, blocks[%(block)s] AS b,
              CASE WHEN codec IS NULL THEN substring(data FROM %(pos)s FOR %(len)s)
-                  ELSE substring(data FROM %(cpos)s FOR %(clen)s) END AS d
+                  ELSE substring(data FROM coalesce(blocks[%(block)s] + 1, %(cpos)s)
+                                 FOR least(%(clen)s, greatest(0, coalesce(
+                                     blocks[%(stop)s] - coalesce(blocks[%(block)s], %(cpos)s - 1), %(clen)s))))
+             END AS d
       FROM export_chunks
       WHERE export_id = %(export)s AND execution_id = %(execution)s AND seq = %(seq)s AND org_id = %(org)s
       OFFSET 0) AS p,
@@ -145,6 +180,7 @@ def _insert_chunk(key: ResultKey, seq: int, packed: Packed) -> Insert:
         data=packed.data,
         codec=packed.codec,
         raw_size=packed.raw_size,
+        blocks=packed.blocks,
     )
 
 
@@ -234,21 +270,35 @@ class PgResultStore:
         while end is None or offset < end:
             length = self._part_bytes if end is None else min(self._part_bytes, end - offset)
             read_to = 0 if packed is None else packed.read
-            # A packed chunk's frame expands from its start: a range ending early in the chunk needs about as many
-            # of the frame's bytes as it expands to up to that end (LZ4 adds well under 1% to what it can't pack),
-            # not a whole part. The piece's size more is slack; a frame part that ran short is read on by the loop.
-            clen = self._part_bytes
+            # A chunk's first part starting past its first block enters the frame at its block, if the chunk lists
+            # its blocks (0024); if not, the frame is read from its start, as before.
+            block = pos // BLOCK_BYTES if packed is None else -1  # -1: go on where the last part ended
+            # A packed chunk's frame expands from where it is entered: a range ending early in the chunk needs about
+            # as many of the frame's bytes as it expands to up to that end (LZ4 adds well under 1% to what it can't
+            # pack), not a whole part. The piece's size more is slack; a part that ran short is read on by the loop.
+            clen, stop = self._part_bytes, 0
             if end is not None:
-                made = 0 if packed is None else packed.made
+                made = packed.made if packed is not None else block * BLOCK_BYTES
                 clen = min(clen, pos + (end - offset) - made + self._piece_bytes)
+                stop = (pos + (end - offset) - 1) // BLOCK_BYTES + 2  # 1-based: the block after the last byte's
             rows = await _finished(
-                self._query(key, _READ_PART, seq=seq, pos=pos + 1, len=length, cpos=read_to + 1, clen=clen)
+                self._query(
+                    key,
+                    _READ_PART,
+                    seq=seq,
+                    pos=pos + 1,
+                    len=length,
+                    cpos=read_to + 1,
+                    clen=clen,
+                    block=block + 1,
+                    stop=stop,
+                )
             )
             if not rows:
                 if end is None and not await _finished(self._query(key, _LATER_CHUNK, seq=seq)):
                     return
                 raise ResultMissing(f"chunk {seq} of export {key.export_id} is missing")
-            chunk_size, codec = int(rows[0][0]), rows[0][3]
+            chunk_size, codec, entered = int(rows[0][0]), rows[0][3], rows[0][4]
             # Hand the pieces out oldest first and drop each once taken: a stalled client pins only what is left.
             rows.sort(key=lambda row: int(row[1]), reverse=True)
             pieces: list[bytes] = [row[2] for row in rows]
@@ -262,7 +312,11 @@ class PgResultStore:
                         yield piece
                 pos, offset = pos + taken, offset + taken
             else:
-                packed = packed or _Expanding(self._piece_bytes)
+                if packed is None:
+                    packed = _Expanding(self._piece_bytes)
+                    if entered is not None:
+                        packed.enter(int(entered), block * BLOCK_BYTES)
+                        read_to = packed.read
                 want = chunk_size if end is None else min(chunk_size, pos + (end - offset))
                 async for piece in packed.expand(pieces, pos, want):
                     pos, offset = pos + len(piece), offset + len(piece)
@@ -307,9 +361,7 @@ class PgResultStore:
             conn = await driver_connection(pooled)
             # Binary: the bytes come as they are stored, not as hex text twice their size.
             async with conn.cursor() as tenant, conn.cursor(binary=True) as cur:
-                async with conn.pipeline(), conn.transaction():
-                    await tenant.execute(tenant_sql, tenant_params)
-                    await cur.execute(query, bound)
+                await read_in_one_trip(conn, tenant, (tenant_sql, tenant_params), cur, query, bound)
                 return await cur.fetchall()
 
 
@@ -322,6 +374,12 @@ class _Expanding:
         self._piece = piece
         self.read = 0
         self.made = 0
+
+    def enter(self, at: int, made: int) -> None:
+        """Start at the block that begins at frame byte `at` and expands to chunk byte `made` on (a frame of
+        independent blocks): the frame's header is fed first, the blocks before are never read."""
+        self._expander.decompress(_FRAME_HEADER)
+        self.read, self.made = at, made
 
     @property
     def ended(self) -> bool:
