@@ -22,7 +22,7 @@ from space.destinations.delivery import deliver
 from space.destinations.sealing import load_sealer
 from space.exports.storage.postgres import PgResultStore
 from tests.browser.conftest import SCREENSHOTS, OpenPage, go_to, my_exports, serving, sign_in
-from tests.destinations.customer_store import BUCKET, Store, customer_store  # noqa: F401 (the session's store)
+from tests.destinations.customer_store import BUCKET, Store
 from tests.exports.fixtures import add_tickets, completed_export, tuned
 from tests.exports.limits_fixtures import tuned_api
 from tests.helpers import Api, Org, UserFactory
@@ -80,7 +80,7 @@ async def test_owner_adds_delivers_schedules_and_removes_a_destination(
     db: Database,
     local: Settings,
     customer_store: Store,
-    open_page: OpenPage,  # noqa: F811
+    open_page: OpenPage,
 ) -> None:
     api = api_local
     org = await api.org("Delivers")
@@ -157,7 +157,7 @@ async def test_a_delivery_the_bucket_refuses_reads_delivery_failed(
     db: Database,
     local: Settings,
     customer_store: Store,
-    open_page: OpenPage,  # noqa: F811
+    open_page: OpenPage,
 ) -> None:
     api = api_local
     org = await api.org("Refused")
@@ -213,7 +213,7 @@ async def test_the_destination_views_have_no_axe_violations(
     local: Settings,
     customer_store: Store,
     open_page: OpenPage,
-    width: int,  # noqa: F811
+    width: int,
 ) -> None:
     api = api_local
     org = await api.org(f"Axe Deliver {width}")
