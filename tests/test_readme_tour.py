@@ -29,7 +29,7 @@ SPACE = Path(sys.executable).with_name("space")
 """The installed console script; the tour calls it as `.venv/bin/space`."""
 WAIT = 90.0
 """Seconds `space up` may take to answer /health, and the tour to run (it polls the export's state itself)."""
-VARIABLES = ("BASE", "TOKEN", "ORG", "EXPORT", "STATE", "URL", "IMPORT", "RESTORE")
+VARIABLES = ("BASE", "TOKEN", "ORG", "EXPORT", "STATE", "URL", "IMPORT", "RESTORE", "DEST", "DELIVERY")
 """The tour's variables the checks read afterwards."""
 
 
@@ -61,7 +61,14 @@ def space_up(tour_database: str, tmp_path_factory: pytest.TempPathFactory) -> It
     """`space up` (API and in-process worker) on a free port, as `make run` starts it; its port and log."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("tour") / "space-up.log"
-    env = space_env(tour_database, SPACE_HOST="127.0.0.1", SPACE_PORT=str(port), SPACE_WORKER_METRICS_PORT="0")
+    # As the tour says to start it: a destination may name this machine (the tour's moto S3) only with this setting.
+    env = space_env(
+        tour_database,
+        SPACE_HOST="127.0.0.1",
+        SPACE_PORT=str(port),
+        SPACE_WORKER_METRICS_PORT="0",
+        SPACE_WEBHOOK_ALLOW_PRIVATE="1",
+    )
     with log_path.open("wb") as log:
         proc = subprocess.Popen([str(SPACE), "up"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     try:
@@ -93,6 +100,7 @@ def test_the_readme_tour_runs_as_pasted(space_up: tuple[int, Path], tour_databas
     # files the tour writes land there and not in the checkout.
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "space").symlink_to(SPACE)
+    (tmp_path / ".venv" / "bin" / "moto_server").symlink_to(SPACE.with_name("moto_server"))
     variables = tmp_path / "tour-variables"
     script = "\n".join([*tour_lines(README.read_text()), f"declare -p {' '.join(VARIABLES)} > {variables}"])
     env = space_env(tour_database, SPACE_PORT=str(port))
@@ -146,6 +154,14 @@ def test_the_readme_tour_runs_as_pasted(space_up: tuple[int, Path], tour_databas
         ).fetchall()
         [(restored_name,)] = db.execute("SELECT name FROM organizations WHERE id = %s", (restored,)).fetchall()
     assert (state, restored_name, report["verified"]) == ("completed", "North restored", True)
+    # The export was delivered to the tour's bucket: its CSV and the manifest are there (SPEC §22).
+    assert seen["DELIVERY"] == "delivered", out
+    assert f"<Key>{seen['ORG']}/manual/" in out and f"-{seen['EXPORT']}/manifest.json</Key>" in out, out
+    with psycopg.connect(tour_database) as db:
+        [(bucket, secret_sealed)] = db.execute(
+            "SELECT bucket, secret_sealed IS NOT NULL FROM destinations WHERE id = %s", (uuid.UUID(seen["DEST"]),)
+        ).fetchall()
+    assert (bucket, secret_sealed) == ("north-exports", True)
     assert out.rstrip().splitlines()[-1] == f"Now open {seen['BASE']}/ in a browser and sign in with {seen['TOKEN']}"
 
 

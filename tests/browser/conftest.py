@@ -26,6 +26,7 @@ from playwright.async_api import Browser, ConsoleMessage, Locator, Page, async_p
 from space.app import create_app
 from space.config import Settings
 from space.worker import run_worker
+from tests.destinations.customer_store import customer_store  # noqa: F401 (the customer's bucket, for test_destinations)
 from tests.helpers import TestUser
 
 CHROMIUM = os.environ.get("SPACE_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"

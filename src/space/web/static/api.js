@@ -69,6 +69,11 @@ export const api = {
   org: (orgId) => call("GET", `/orgs/${orgId}`),
   members: (orgId) => call("GET", `/orgs/${orgId}/members`),
   webhooks: (orgId) => call("GET", `/orgs/${orgId}/webhooks`),
+  destinations: (orgId) => call("GET", `/orgs/${orgId}/destinations`),
+  createDestination: (orgId, body) => call("POST", `/orgs/${orgId}/destinations`, body),
+  deleteDestination: (orgId, id) => call("DELETE", `/orgs/${orgId}/destinations/${id}`),
+  deliver: (orgId, exportId, destinationId) =>
+    call("POST", `/orgs/${orgId}/exports/${exportId}/deliveries`, { destinationId }),
   schedules: (orgId) => call("GET", `/orgs/${orgId}/schedules`),
   createSchedule: (orgId, body) => call("POST", `/orgs/${orgId}/schedules`, body),
   updateSchedule: (orgId, id, body) => call("PATCH", `/orgs/${orgId}/schedules/${id}`, body),

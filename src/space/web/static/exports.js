@@ -1,12 +1,19 @@
 // Exports: the caller's own (a list, and one export's place) and the org's (owners and admins), as rows that
 // update in place while their exports run.
 import { api, ApiError } from "./api.js";
+import * as deliveries from "./deliveries.js";
+import * as destinations from "./destinations.js";
 import { ACTIVE, PAGE_SIZE, current, href, isOverseer, isStaff, pollLater, state } from "./state.js";
 import { $, answer, el, failure } from "./ui.js";
 import * as words from "./words.js";
 
 /** The kinds that take ticket filters (SPEC §20: the workbook has the CSV's rows, scope and filters). */
 const TICKET_KINDS = new Set(["tickets_csv", "tickets_xlsx"]);
+
+/** Still changing on its own: a list that shows it polls (a delivery moves after its export has ended). */
+function moving(x) {
+  return ACTIVE.has(x.state) || (x.delivery && ["pending", "delivering"].includes(x.delivery.state));
+}
 
 // --- what a row says ----------------------------------------------------------------------------------------
 
@@ -83,8 +90,9 @@ function buildRow(x, list) {
   const expiry = el("span", { class: "expiry" });
   const amount = el("span", { class: "amount" });
   facts.append(asOf, expiry, amount);
-  li.append(head, meta, line, why, facts);
-  const parts = { head, link, meta, stateText, bar, pct, line, why, facts, asOf, expiry, amount };
+  const delivery = deliveries.build(li, headId, list);
+  li.append(head, meta, line, why, facts, delivery.line);
+  const parts = { head, link, meta, stateText, bar, pct, line, why, facts, asOf, expiry, amount, delivery };
   if (list.kind === "org" || list.details) {
     const details = el("details", { class: "ids" });
     details.append(el("summary", {}, "Details"), el("dl"));
@@ -104,8 +112,9 @@ function buildRow(x, list) {
     buttons[name] = b;
     actions.append(b);
   }
+  actions.append(delivery.open);
   const slot = el("p", { class: "answer", role: "status" });
-  li.append(actions, slot);
+  li.append(actions, delivery.form, delivery.slot, slot);
   li.parts = { ...parts, buttons, actions, slot };
   return li;
 }
@@ -151,7 +160,8 @@ function fillRow(li, x, list) {
     b.again.hidden = !(shown === "expired" || shown === "revoked" || x.state === "failed" || x.state === "cancelled");
     b.remove.hidden = ACTIVE.has(x.state);
   }
-  p.actions.hidden = Object.values(b).every((button) => button.hidden);
+  deliveries.fill(p.delivery, x, shown === "completed");
+  p.actions.hidden = Object.values(b).every((button) => button.hidden) && p.delivery.open.hidden;
 }
 
 // Ids are for those who ask (support, the API): behind a disclosure, never in the sentence.
@@ -302,6 +312,7 @@ export async function showMine(generation, fresh) {
   }
   mine.onMove = () => refreshMine(state.generation);
   renderForm();
+  await destinations.ensure();
   await refreshMine(generation);
 }
 
@@ -317,7 +328,7 @@ async function refreshMine(generation) {
   renderList($("exports"), page.items, MINE);
   $("exports-empty").hidden = page.items.length > 0;
   mine.renderPager();
-  if (page.items.some((x) => ACTIVE.has(x.state))) pollLater(generation, () => refreshMine(generation), page.retryAfter);
+  if (page.items.some(moving)) pollLater(generation, () => refreshMine(generation), page.retryAfter);
 }
 
 function listFailed(generation, error, slot, retry) {
@@ -423,6 +434,7 @@ export async function showOne(generation, exportId) {
   $("one-back").href = href("exports");
   $("one-export").replaceChildren();
   $("one-missing").hidden = true;
+  await destinations.ensure();
   await refreshOne(generation, exportId);
 }
 
@@ -446,7 +458,7 @@ async function refreshOne(generation, exportId) {
   if (!current(generation)) return;
   $("one-title").textContent = title(x);
   renderList($("one-export"), [x], ONE);
-  if (ACTIVE.has(x.state)) pollLater(generation, () => refreshOne(generation, exportId), retryAfter);
+  if (moving(x)) pollLater(generation, () => refreshOne(generation, exportId), retryAfter);
 }
 
 // --- the org's exports (owners and admins) --------------------------------------------------------------------
@@ -467,6 +479,7 @@ export async function showAll(generation, fresh) {
     answer($("org-exports-answer"), "");
   }
   all.onMove = () => refreshAll(state.generation);
+  await destinations.ensure();
   await refreshAll(generation);
 }
 
@@ -482,7 +495,7 @@ async function refreshAll(generation) {
   renderList($("org-exports"), page.items, ALL);
   $("org-exports-empty").hidden = page.items.length > 0;
   all.renderPager();
-  if (page.items.some((x) => ACTIVE.has(x.state))) pollLater(generation, () => refreshAll(generation), page.retryAfter);
+  if (page.items.some(moving)) pollLater(generation, () => refreshAll(generation), page.retryAfter);
 }
 
 // --- a single export followed in place (the final archive before a deletion) ----------------------------------

@@ -1,6 +1,7 @@
 // The org's schedules (owners and admins, in its settings): list, create, pause or resume, delete, and each one's
 // runs; every change is answered beside the form.
 import { api, ApiError } from "./api.js";
+import * as destinations from "./destinations.js";
 import { current, state } from "./state.js";
 import { $, answer, confirmAction, el, failure } from "./ui.js";
 import * as words from "./words.js";
@@ -24,8 +25,21 @@ const PAUSED = { user: "paused", failing: "paused: its runs kept failing", acces
 function describe(s) {
   const when = s.every === "hour" ? "every hour" : s.every === "day" ? `every day at ${s.at} UTC` : `every week (day ${s.weekday}) at ${s.at} UTC`;
   const how = s.incremental ? ", only what changed" : "";
+  const d = s.destinationId ? destinations.byId(s.destinationId) : null;
+  const to = s.destinationId ? `, delivered to ${d ? destinations.name(d) : "a destination"}` : "";
   const status = s.paused ? PAUSED[s.pausedReason] || "paused" : `next run ${words.when(s.nextRunAt)}`;
-  return `${KINDS[s.kind] || s.kind} ${when}${how}: ${status}`;
+  return `${KINDS[s.kind] || s.kind} ${when}${how}${to}: ${status}`;
+}
+
+/** The form's "Deliver each run to" choices: nowhere, or one of the org's destinations as last read. */
+export function offerDestinations() {
+  const select = $("schedule-destination");
+  const chosen = select.value;
+  select.replaceChildren(
+    el("option", { value: "" }, "Nowhere: keep it here to download"),
+    ...destinations.items().map((d) => el("option", { value: d.id }, destinations.name(d))),
+  );
+  select.value = destinations.byId(chosen) ? chosen : "";
 }
 
 export async function load(generation) {
@@ -107,6 +121,7 @@ async function create() {
   const body = { kind: $("schedule-kind").value, every };
   if (every !== "hour") body.at = $("schedule-at").value || "00:00";
   if ($("schedule-incremental").checked) body.incremental = true;
+  if ($("schedule-destination").value) body.destinationId = $("schedule-destination").value;
   try {
     const { body: made } = await api.createSchedule(state.org.id, body);
     await load();

@@ -1,9 +1,10 @@
-// The org's settings: its members, its webhooks (owners and admins) and its lifecycle (owners), each change asked
-// for where it is made and answered there.
+// The org's settings: its members, its webhooks, destinations and schedules (owners and admins) and its lifecycle
+// (owners), each change asked for where it is made and answered there.
 import { api, ApiError } from "./api.js";
 import { follow, submit } from "./exports.js";
 import { current, isOverseer, state } from "./state.js";
 import { $, answer, confirmAction, el, failure } from "./ui.js";
+import * as destinations from "./destinations.js";
 import * as schedules from "./schedules.js";
 import * as words from "./words.js";
 
@@ -25,6 +26,7 @@ export function setup(signOut, orgChanged) {
   $("delete-anyway").addEventListener("click", () => requestDeletion(true));
   $("export-everything").addEventListener("click", exportEverything);
   schedules.setup(signOut);
+  destinations.setup(signOut, schedules.offerDestinations);
 }
 
 export async function show(generation) {
@@ -37,8 +39,10 @@ export async function show(generation) {
   answer($("deletion-answer"), "");
   $("webhooks").hidden = !isOverseer();
   $("schedules").hidden = !isOverseer();
+  $("destinations").hidden = !isOverseer();
   if (isOverseer()) {
     await loadWebhooks(generation);
+    await destinations.load(generation);
     await schedules.load(generation);
   }
 }

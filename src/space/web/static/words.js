@@ -56,6 +56,8 @@ const PROBLEMS = {
   invalid_request: "The request was not accepted",
   already_member: "That person is already a member of this organization.",
   webhook_limit_reached: "The organization has as many webhook endpoints as allowed. Remove one before adding another.",
+  destination_unreachable: "The destination was not saved: a test file could not be written to it.",
+  destination_in_use: "A schedule delivers to this destination. Change or delete that schedule first, then remove it.",
   schedule_limit_reached: "The organization has as many schedules as allowed. Delete one before adding another.",
   rate_limited: "You have asked for many download links just now.",
   unavailable: "The service cannot reach its database just now.",
@@ -114,6 +116,8 @@ export function problem(error) {
     text = `You have asked for several exports just now. You can ask again in ${duration(seconds)} (at ${clock(Date.now() + seconds * 1000)}).`;
   } else if (error.code === "export_failed" && error.body && error.body.errorCode) {
     text = `${PROBLEMS.export_failed} ${reason(error.body.errorCode, error.body.kind)}`;
+  } else if (error.code === "destination_unreachable" && error.body && error.body.detail) {
+    text = `The destination was not saved. ${error.body.detail}`;
   } else if (error.code === "invalid_request") {
     text = `${PROBLEMS.invalid_request}: ${error.message}`;
   } else if (!text) {
@@ -195,6 +199,15 @@ export function delimiter(x) {
   if (x.kind === "archive") return `tickets.csv columns separated by ${DELIMITERS[x.delimiter || ","]}`;
   return "";
 }
+
+// --- deliveries (SPEC §22) ---
+
+/** Why a delivery failed (the export's `delivery.errorCode`), after "Delivery failed: ". */
+export const DELIVERY_REASONS = {
+  destination_failed: "the bucket refused the files, or did not answer. Check its credentials and policy, then deliver again.",
+  export_expired: "the export's file was gone before it could be copied. Request a new export.",
+  destination_removed: "the destination was removed before the files were copied.",
+};
 
 // --- notifications (SPEC §19) ---
 
