@@ -135,8 +135,9 @@ class Relay:
     starts the app from the test's loop, blocking it): closing it closes its port (new connections are refused)
     and every connection through it; opening it again listens on the same port."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
+    def __init__(self, target: tuple[str, int] | str) -> None:
+        self.target = target
+        """The server: (host, port), or the path of its Unix socket."""
         self.port = 0
         self.server: asyncio.Server | None = None
         self.writers: set[asyncio.StreamWriter] = set()
@@ -175,7 +176,10 @@ class Relay:
         await self.server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        if isinstance(self.target, str):
+            up_reader, up_writer = await asyncio.open_unix_connection(self.target)
+        else:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
         self.writers |= {writer, up_writer}
         try:
             await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
@@ -198,7 +202,12 @@ class Relay:
 def relay_to(owner_url: str) -> Iterator[Relay]:
     """A relay to the test database's server, open until the block ends."""
     u = make_url(owner_url)
-    relay = Relay(u.host or "127.0.0.1", u.port or 5432)
+    folder = u.query.get("host")
+    if isinstance(folder, str) and folder.startswith("/"):
+        # The embedded server listens on a Unix socket only (the suite's server when SPACE_TEST_DATABASE_URL is unset).
+        relay = Relay(f"{folder}/.s.PGSQL.{u.port or u.query.get('port') or 5432}")
+    else:
+        relay = Relay((u.host or "127.0.0.1", u.port or 5432))
     try:
         relay.open()
         yield relay
@@ -209,7 +218,11 @@ def relay_to(owner_url: str) -> Iterator[Relay]:
 async def test_a_closed_database_port_answers_503(owner_url: str, settings: Settings, users: UserFactory) -> None:
     user = await users.make("refused")
     with relay_to(owner_url) as relay:
-        url = make_url(owner_url).set(username=APP_ROLE, password=None, host="127.0.0.1", port=relay.port)
+        url = (
+            make_url(owner_url)
+            .difference_update_query(["host", "port"])
+            .set(username=APP_ROLE, password=None, host="127.0.0.1", port=relay.port)
+        )
         app_url = url.render_as_string(hide_password=False)
         async with AsyncTestClient(app=create_app(tuned(settings, app_database_url=app_url))) as client:
             assert (await _me(client, user)).status_code == 200

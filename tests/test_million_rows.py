@@ -98,7 +98,7 @@ def _gin_indexes_set_aside(url: str) -> Iterator[None]:
             "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'"
             " AND tablename IN ('tickets', 'tasks', 'projects') AND indexdef LIKE '% USING gin %'"
         ).fetchall()
-        assert found, "ticket search has GIN indexes"
+        # None where the server has no pg_trgm (migration 0005 then makes none; search runs without them).
         for name, _ in found:
             conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
     yield
