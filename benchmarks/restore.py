@@ -40,6 +40,13 @@ def copy_from(url: str, org_id: str, tmp: Path) -> float:
     out = tmp / "tickets.copy"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("INSERT INTO organizations (id, name, state) VALUES (%s, %s, 'active')", [scratch, "Scratch"])
+        # The same members under the scratch org (memberships are keyed (org_id, id)), so each ticket's assignee
+        # key (org_id, assignee_id) is checked by COPY as the restore's insert has it checked.
+        conn.execute(
+            "INSERT INTO memberships (org_id, id, user_id, role)"
+            " SELECT %s, id, user_id, role FROM memberships WHERE org_id = %s",
+            [scratch, org_id],
+        )
         query = (
             f"COPY (SELECT '{scratch}'::uuid, gen_random_uuid(), number, title, body, status, priority, creator_id,"
             f" assignee_id, created_at, updated_at FROM tickets WHERE org_id = '{org_id}') TO STDOUT"
