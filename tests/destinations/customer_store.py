@@ -8,9 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +17,7 @@ import boto3
 import pytest
 from aiohttp import ClientSession, web
 
-from tests.exports.s3_fixtures import MOTO_ENV, _wait_listening
+from tests.exports.s3_fixtures import moto_server
 from tests.helpers import free_port
 
 BUCKET = "customer-bucket"
@@ -79,24 +76,9 @@ class Store:
 
 @contextlib.contextmanager
 def _authenticating_moto() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **MOTO_ENV, "INITIAL_NO_AUTH_ACTION_COUNT": str(SETUP_ACTIONS)},
-    )
-    try:
-        _wait_listening(proc)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    # moto checks credentials (IAM) once its first SETUP_ACTIONS requests, the fixture's own set-up, are done.
+    with moto_server(INITIAL_NO_AUTH_ACTION_COUNT=str(SETUP_ACTIONS)) as endpoint:
+        yield endpoint
 
 
 def _setup(endpoint: str) -> tuple[Any, Any, str, str]:

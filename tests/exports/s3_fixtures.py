@@ -95,15 +95,16 @@ def _wait_listening(proc: subprocess.Popen[str]) -> None:
 
 
 @contextlib.contextmanager
-def moto_server() -> Iterator[str]:
-    """moto's standalone server on a free port, until the block ends; yields its endpoint."""
+def moto_server(**env: str) -> Iterator[str]:
+    """moto's standalone server on a free port (with `env` beside MOTO_ENV), until the block ends; yields its
+    endpoint."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **MOTO_ENV},
+        env={**os.environ, **MOTO_ENV, **env},
     )
     try:
         _wait_listening(proc)
