@@ -68,7 +68,7 @@ class Access:
 
 
 @functools.cache
-def _compiled(dialect: Dialect, by_link: bool) -> tuple[str, dict[str, Any]]:
+def _compiled(dialect: Dialect, by_link: bool, with_delivery: bool) -> tuple[str, dict[str, Any]]:
     audited = exists().where(
         AuditEvent.org_id == bindparam("org"),
         # Literals, as the partial index audit_events_link_ranges_idx writes them (a prepared statement's generic
@@ -82,7 +82,8 @@ def _compiled(dialect: Dialect, by_link: bool) -> tuple[str, dict[str, Any]]:
         if by_link
         else ApiToken.token_hash == bindparam("hash")
     )
-    # The export's latest delivery (SPEC §22), in the same statement: the status GET shows it.
+    # The export's latest delivery (SPEC §22), in the same statement, for the status GET that shows it; the result
+    # route (every range of a download) has no use for it and leaves it out.
     d = DestinationDelivery
     latest = (
         select(d.destination_id, d.state, d.delivered_at, d.error_code)
@@ -102,7 +103,6 @@ def _compiled(dialect: Dialect, by_link: bool) -> tuple[str, dict[str, Any]]:
             *(c for c, _ in _JOB),
             func.now(),
             audited,
-            *latest.c,
         )
         .select_from(ApiToken)
         .join(User, User.id == ApiToken.user_id)
@@ -117,9 +117,10 @@ def _compiled(dialect: Dialect, by_link: bool) -> tuple[str, dict[str, Any]]:
                 ExportJob.deleted_at.is_(None),
             ),
         )
-        .outerjoin(latest, true())
         .where(caller, ApiToken.revoked_at.is_(None))
     )
+    if with_delivery:
+        stmt = stmt.add_columns(*latest.c).outerjoin(latest, true())
     c = stmt.compile(dialect=dialect)
     return c.string, {k: v for k, v in c.params.items() if k not in _BOUND}
 
@@ -137,11 +138,13 @@ async def authorize(
     token_hash: bytes | None = None,
     link_user: tuple[uuid.UUID, uuid.UUID] | None = None,
     link_id: str | None = None,
+    with_delivery: bool = False,
 ) -> Access | None:
     """The caller of `token_hash` (a bearer token's), or `link_user` ((user id, bearer token id) of a link), with
     the org, their membership and their export `export_id`; None when there is no such caller (an unknown or
-    revoked token). `link_id`: also whether that link's ranges were audited within the minute."""
-    sql, params = _compiled(engine.dialect, link_user is not None)
+    revoked token). `link_id`: also whether that link's ranges were audited within the minute. `with_delivery`:
+    also the export's latest delivery (else `delivery` is None)."""
+    sql, params = _compiled(engine.dialect, link_user is not None, with_delivery)
     params = {**params, "org": org_id, "export": export_id, "link": link_id}
     if link_user is None:
         params["hash"] = token_hash
@@ -167,7 +170,7 @@ async def authorize(
         job=None if job_values[0] is None else _entity(ExportJob, _JOB, job_values),
         now=row[at],
         range_audited=bool(row[at + 1]),
-        delivery=_delivery(row[at + 2 :]),
+        delivery=_delivery(row[at + 2 :]) if with_delivery else None,
     )
 
 
@@ -195,11 +198,18 @@ def _path_id(value: str) -> uuid.UUID:
 
 
 async def by_bearer(
-    engine: AsyncEngine, authorization: str | None, org_id: str, export_id: str
+    engine: AsyncEngine, authorization: str | None, org_id: str, export_id: str, *, with_delivery: bool = False
 ) -> tuple[Access, Organization]:
     """The bearer token's caller and their export: 401 for no, a malformed, unknown or revoked token; 404 when
-    the org is not there (or deleted), as every org route answers."""
-    found = await authorize(engine, _path_id(org_id), _path_id(export_id), token_hash=bearer_hash(authorization))
+    the org is not there (or deleted), as every org route answers. `with_delivery`: the export's latest delivery
+    too (the status GET)."""
+    found = await authorize(
+        engine,
+        _path_id(org_id),
+        _path_id(export_id),
+        token_hash=bearer_hash(authorization),
+        with_delivery=with_delivery,
+    )
     if found is None:
         raise unknown_token()
     return _in_org(found)

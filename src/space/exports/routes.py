@@ -257,7 +257,9 @@ class ExportController(Controller):
         db: NamedDependency[Database],
     ) -> Export:
         """One of the caller's exports."""
-        found, org = await access.by_bearer(db.engine, request.headers.get("authorization"), org_id, export_id)
+        found, org = await access.by_bearer(
+            db.engine, request.headers.get("authorization"), org_id, export_id, with_delivery=True
+        )
         return service.export_of(org, found.membership, found.job, found.now, found.delivery)
 
     @delete("/{export_id:str}")
