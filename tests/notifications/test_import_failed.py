@@ -2,7 +2,8 @@
 notifications (no org was made: `orgId` null, with the `importId`), counted, read one by one or all at once; its
 email, sent by the real worker to a real SMTP server (aiosmtpd), says the failure in the page's words and holds
 nothing of the archive; the preference and SPACE_SMTP_URL are checked again at send time; the sweeper sends one
-whose entry was lost; and the list pages through an org's notifications and a user's own in one order."""
+whose entry was lost; the list pages through an org's notifications and a user's own in one order; and the rows
+are their user's alone under RLS."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 from litestar.testing import AsyncTestClient
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from space.app import create_app
 from space.config import Settings
@@ -341,3 +344,44 @@ async def test_the_list_pages_through_an_org_s_and_one_s_own_in_one_order(
     assert r.status_code == 204, r.text
     page = await _listed(api, person)
     assert {i["type"] for i in page["items"]} == {"import.failed"} and page["unread"] == 6
+
+
+# --- the rows under RLS, as the app role ---------------------------------------------------------------------------
+
+
+async def test_the_rows_are_their_user_s_alone_and_only_read_at_is_theirs_to_change(
+    api: Api, db: Database, settings: Settings
+) -> None:
+    importer = await api.users.make("importer")
+    other = await api.users.make("other")
+    import_id = await _failed(api, db, settings, importer, b"PK\x03\x04 not really", "Mine")
+    (item,) = (await _listed(api, importer))["items"]
+    nid = uuid.UUID(item["id"])
+    mine = Tenant(user_id=importer.id)
+    for tenant in (Tenant(user_id=other.id), Tenant(), Tenant(org_id=uuid.uuid4())):
+        async with UnitOfWork(db.sessionmaker, tenant) as uow:
+            seen = await uow.session.scalar(text("SELECT count(*) FROM personal_notifications"))
+            changed = await uow.session.execute(
+                text("UPDATE personal_notifications SET read_at = now() WHERE id = :id RETURNING id"), {"id": nid}
+            )
+            assert seen == 0 and changed.first() is None, tenant
+    for column, value in (("title", "'changed'"), ("user_id", f"'{other.id}'"), ("details", "'{}'")):
+        with pytest.raises(DBAPIError, match="permission denied"):
+            async with UnitOfWork(db.sessionmaker, mine) as uow:
+                await uow.session.execute(
+                    text(f"UPDATE personal_notifications SET {column} = {value} WHERE id = :id"), {"id": nid}
+                )
+    # No one writes a row for someone else: not even for the import's own user from another's context.
+    with pytest.raises(DBAPIError, match="row-level security"):
+        async with UnitOfWork(db.sessionmaker, Tenant(user_id=other.id)) as uow:
+            await uow.session.execute(
+                text(
+                    "INSERT INTO personal_notifications (id, user_id, channel, type, import_id, title, state)"
+                    " VALUES (gen_random_uuid(), :u, 'app', 'import.failed', :i, 'forged', 'delivered')"
+                ),
+                {"u": importer.id, "i": import_id},
+            )
+    # The sweeper's function lists ids only.
+    async with UnitOfWork(db.sessionmaker) as uow:
+        result = await uow.session.execute(text("SELECT * FROM space_notifications_due_personal_emails(1000)"))
+        assert list(result.keys()) == ["notification_id", "notification_user_id", "notification_attempts"]
