@@ -3,6 +3,7 @@
 import { ApiError, call, token } from "./api.js";
 import { current } from "./state.js";
 import { $, answer, failure } from "./ui.js";
+import * as words from "./words.js";
 
 const POLL_MS = 1000;
 
@@ -36,7 +37,7 @@ const PHASES = { checking: "Checking the archive", restoring: "Writing its rows"
 /** The finished import in words. */
 export function report(imp) {
   if (imp.state === "failed") {
-    return `The restore failed and nothing was kept: ${imp.errorDetail || imp.errorCode}`;
+    return `The restore failed and nothing was kept: ${imp.errorDetail || words.importReason(imp.errorCode)}`;
   }
   const r = imp.report || {};
   const c = r.counts || {};
