@@ -60,6 +60,7 @@ MAINTENANCE_FUNCTIONS: dict[str, str | None] = {
     "space_exports_orphan_executions(integer)": "space_exports_orphan_executions(0)",
     "space_webhooks_due_deliveries(integer, interval)": "space_webhooks_due_deliveries(0)",
     "space_notifications_due_emails(integer, interval)": "space_notifications_due_emails(0)",
+    "space_notifications_due_personal_emails(integer, interval)": "space_notifications_due_personal_emails(0)",
     "space_exports_queue_stats()": "space_exports_queue_stats()",
     "space_schedules_due(integer)": "space_schedules_due(0)",
     # With no tenant context it answers an empty array without reading a row.
@@ -75,6 +76,10 @@ OWN_POLICY = {
     "space_maintenance_due_purges(integer)": ("organizations", "maintenance_due_purges"),
     "space_webhooks_due_deliveries(integer, interval)": ("webhook_deliveries", "maintenance_webhook_deliveries"),
     "space_notifications_due_emails(integer, interval)": ("notifications", "maintenance_notifications"),
+    "space_notifications_due_personal_emails(integer, interval)": (
+        "personal_notifications",
+        "maintenance_personal_notifications",
+    ),
     "space_audit_purge(uuid, integer)": ("audit_events", "purge_audit"),
     "space_ticket_search(text, integer)": ("tickets", "search_tickets"),
     "space_exports_user_usage(uuid, interval)": ("export_jobs", "limits_user_usage"),

@@ -14,6 +14,10 @@ one org has at most `outbound_org_concurrency` of them in flight over every chan
 itself (`registered`), and a claim counts the org's attempts in flight in every registered table, under the
 org's outbound lock. At the cap, the claim takes nothing and raises `OrgBusy`; the channel's job, wrapped by
 `deferring`, goes back on the queue a little later, with no attempt counted (docs/decisions/0088).
+
+A table of rows that have no org (a user's own, `personal_notifications`) names its key column as the outbox's
+`scope` (`user_id`): its rows are found, claimed and settled by `(id, user_id)`, and its attempts count against
+no org's cap, as there is no org to be fair between (docs/decisions/0103).
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ AnyRow = Row[*tuple[Any, ...]]
 
 T = TypeVar("T")
 
+ORG_SCOPE = "org_id"
+"""The scope of a tenant table's outbox: its rows are an org's, and count against the org's cap."""
+
 DEFER_SECONDS = (2, 3, 5)
 """How long an attempt refused at its org's cap waits before it looks again: the first time, the second, and every
 later one. Short, as an attempt in flight ends within a delivery timeout (5 s) or so; whole seconds of at least 2,
@@ -66,9 +73,8 @@ class Owed:
     """The columns of an outbox row (a mixin of the channel's model): where its attempts stand."""
 
     if TYPE_CHECKING:
-        # The model's own (every table has them): declared here for the outbox's statements only.
+        # The model's own (every table has it, and its `Outbox.scope` column): declared for the statements only.
         id: Mapped[uuid.UUID]
-        org_id: Mapped[uuid.UUID]
 
     state: Mapped[str] = mapped_column(default=State.pending.value)
     attempts: Mapped[int] = mapped_column(default=0)
@@ -102,12 +108,13 @@ class Outbox:
 
     table: type[Owed]
     job_function: str
-    """The SAQ function that makes one attempt; its keywords are `id_kwarg` and `org_id`."""
+    """The SAQ function that makes one attempt; its keywords are `id_kwarg` and `scope`."""
     id_kwarg: str
     key_prefix: str
     """Queue keys are `<key_prefix>:<row id>:<attempt>`."""
     due_function: str
-    """The SQL function the sweeper reads the due rows of every org from."""
+    """The SQL function the sweeper reads the due rows of every org (or user) from: `(limit) -> (id, scope,
+    attempts)`."""
     max_attempts: int
     lease_seconds: int
     """How long a claimed attempt is the claimer's; after it the sweeper may start the attempt again."""
@@ -117,13 +124,33 @@ class Outbox:
     log: logging.Logger
     noun: str
     """What a row is called in log lines ("webhook delivery")."""
+    scope: str = ORG_SCOPE
+    """The column that keys a row beside its `id`, and the job's second keyword: `org_id` (a tenant table, its
+    attempts counted against the org's outbound cap) or another (`user_id`: a row of no org, and no cap)."""
 
     def __post_init__(self) -> None:
         # Spliced into the sweeper's SQL: a name, never text from outside.
         if not re.fullmatch(r"[a-z_][a-z0-9_]*", self.due_function):
             raise ValueError(f"not a function name: {self.due_function!r}")
+        if not hasattr(self.table, self.scope):
+            raise ValueError(f"{self.table.__name__} has no column {self.scope!r}")
         # Every channel's attempts count against one cap; a table is counted once however often it is named.
         _REGISTRY.setdefault(self.table, self)
+
+    @property
+    def org_capped(self) -> bool:
+        """Whether a row is an org's, its attempts counted against the org's `outbound_org_concurrency`."""
+        return self.scope == ORG_SCOPE
+
+    def scope_of(self, row: Owed) -> uuid.UUID:
+        """The row's scope value (its org, or its user)."""
+        value: uuid.UUID = getattr(row, self.scope)
+        return value
+
+    def this_row(self, row_id: uuid.UUID, scope_id: uuid.UUID) -> tuple[ColumnElement[bool], ...]:
+        """The conditions that name one row: its id and its scope."""
+        t = self.table
+        return (t.id == row_id, getattr(t, self.scope) == scope_id)
 
     def backoff(self, attempt: int, base: float) -> float:
         """Seconds to wait after failed attempt `attempt` (from 1): base, factor x base, factor² x base, ..."""
@@ -131,11 +158,11 @@ class Outbox:
 
     # --- queue entries ----------------------------------------------------------------------------------------
 
-    def job(self, row_id: uuid.UUID, org_id: uuid.UUID, *, attempt: int, delay: float) -> Job:
+    def job(self, row_id: uuid.UUID, scope_id: uuid.UUID, *, attempt: int, delay: float) -> Job:
         """The job of one attempt, keyed by row and attempt so a scheduled retry never collides with its predecessor."""
         return Job(
             function=self.job_function,
-            kwargs={self.id_kwarg: str(row_id), "org_id": str(org_id)},
+            kwargs={self.id_kwarg: str(row_id), self.scope: str(scope_id)},
             key=f"{self.key_prefix}:{row_id}:{attempt}",
             # SAQ schedules in whole seconds; rounding up never runs an attempt before its backoff. Never 0 ("at
             # once"): SAQ replaces a finished entry of the same key only by a later `scheduled`, and the sweeper may
@@ -146,10 +173,12 @@ class Outbox:
             retries=1,
         )
 
-    async def enqueue(self, queue: Queue, row_id: uuid.UUID, org_id: uuid.UUID, *, attempt: int, delay: float) -> None:
+    async def enqueue(
+        self, queue: Queue, row_id: uuid.UUID, scope_id: uuid.UUID, *, attempt: int, delay: float
+    ) -> None:
         """Enqueue one attempt after a commit; a broker error is logged, not raised (the sweeper sends it later)."""
         try:
-            await queue.enqueue(self.job(row_id, org_id, attempt=attempt, delay=delay))
+            await queue.enqueue(self.job(row_id, scope_id, attempt=attempt, delay=delay))
         except Exception:
             self.log.exception("enqueue of %s %s failed; the sweeper will send it", self.noun, row_id)
 
@@ -160,11 +189,11 @@ class Outbox:
         await uow.session.flush()
         if queue is None:
             return
-        owed = [(row.id, row.org_id) for row in rows]
+        owed = [(row.id, self.scope_of(row)) for row in rows]
 
         async def enqueue() -> None:
-            for row_id, org_id in owed:
-                await self.enqueue(queue, row_id, org_id, attempt=1, delay=0.0)
+            for row_id, scope_id in owed:
+                await self.enqueue(queue, row_id, scope_id, attempt=1, delay=0.0)
 
         uow.after_commit(enqueue)
 
@@ -177,29 +206,29 @@ class Outbox:
         )
 
     async def claim(
-        self, session: AsyncSession, row_id: uuid.UUID, org_id: uuid.UUID, *columns: Any, org_concurrency: int
+        self, session: AsyncSession, row_id: uuid.UUID, scope_id: uuid.UUID, *columns: Any, org_concurrency: int
     ) -> AnyRow | None:
         """Take the row's next attempt: its attempt number, then `columns`; None when it is done, deleted, or another
         worker has it. A row whose last attempt's worker died is failed instead. Raises OrgBusy, and changes nothing,
-        while the org has `org_concurrency` attempts in flight over every registered channel.
+        while the org has `org_concurrency` attempts in flight over every registered channel (an org's row only).
 
-        The session's tenant must be the org's; the caller's transaction commits the claim before anything is sent.
+        The session's tenant must be the org's (the user's, for a row of no org); the caller's transaction commits
+        the claim before anything is sent.
         """
         t = self.table
-        # The org's claims queue here, so two of them can't both count room for one more.
-        await lock_org_outbound(session, org_id)
+        if self.org_capped:
+            # The org's claims queue here, so two of them can't both count room for one more.
+            await lock_org_outbound(session, scope_id)
+        this_row = self.this_row(row_id, scope_id)
         # SKIP LOCKED: a row held by another transaction (another claim, a settle, its endpoint's deletion) is
         # that one's business; this claim takes nothing rather than waiting behind it.
         locked = (
             await session.execute(
-                select(t.attempts)
-                .where(t.id == row_id, t.org_id == org_id, self._claimable())
-                .with_for_update(skip_locked=True)
+                select(t.attempts).where(*this_row, self._claimable()).with_for_update(skip_locked=True)
             )
         ).first()
         if locked is None:
             return None
-        this_row = (t.id == row_id, t.org_id == org_id)
         if locked.attempts >= self.max_attempts:
             # A worker died during the last attempt: nothing is left to try.
             await session.execute(
@@ -209,8 +238,8 @@ class Outbox:
                 .execution_options(synchronize_session=False)
             )
             return None
-        if await in_flight(session, org_id) >= org_concurrency:
-            raise OrgBusy(f"org {org_id} has {org_concurrency} outbound attempts in flight")
+        if self.org_capped and await in_flight(session, scope_id) >= org_concurrency:
+            raise OrgBusy(f"org {scope_id} has {org_concurrency} outbound attempts in flight")
         row = (
             await session.execute(
                 update(t)
@@ -231,7 +260,7 @@ class Outbox:
         self,
         session: AsyncSession,
         row_id: uuid.UUID,
-        org_id: uuid.UUID,
+        scope_id: uuid.UUID,
         attempt: int,
         *,
         ok: bool,
@@ -252,7 +281,7 @@ class Outbox:
         row = (
             await session.execute(
                 update(t)
-                .where(t.id == row_id, t.org_id == org_id, t.attempts == attempt, t.state == State.sending.value)
+                .where(*self.this_row(row_id, scope_id), t.attempts == attempt, t.state == State.sending.value)
                 .values(
                     state=state.value,
                     lease_expires_at=None,
@@ -275,9 +304,9 @@ class Outbox:
         """Enqueue rows whose entry was lost (overdue) or whose worker died (lease ran out); how many."""
         async with UnitOfWork(db.sessionmaker) as uow:
             rows = (await uow.session.execute(text(f"SELECT * FROM {self.due_function}(:n)"), {"n": limit})).all()
-        for row_id, org_id, attempts in rows:
+        for row_id, scope_id, attempts in rows:
             # The key names the attempt the job will make: a scheduled retry still waiting is not doubled.
-            await self.enqueue(queue, row_id, org_id, attempt=attempts + 1, delay=0.0)
+            await self.enqueue(queue, row_id, scope_id, attempt=attempts + 1, delay=0.0)
         return len(rows)
 
 
@@ -294,18 +323,20 @@ def registered() -> tuple[Outbox, ...]:
 async def in_flight(session: AsyncSession, org_id: uuid.UUID) -> int:
     """The org's attempts in flight over every registered channel: rows `sending` whose lease has not run out.
 
-    A plain count under the org's tenant context (RLS shows it the org's own rows, all it needs).
+    A plain count under the org's tenant context (RLS shows it the org's own rows, all it needs). A channel of
+    rows that have no org is not counted.
     """
     counts = [
         select(func.count())
         .select_from(o.table)
         .where(
-            o.table.org_id == org_id,
+            getattr(o.table, o.scope) == org_id,
             o.table.state == State.sending.value,
             o.table.lease_expires_at >= text("clock_timestamp()"),
         )
         .scalar_subquery()
         for o in registered()
+        if o.org_capped
     ]
     if not counts:
         return 0

@@ -36,8 +36,8 @@ from space.exports.queue import RUN_EXPORT
 from space.exports.storage.factory import open_result_store
 from space.imports.jobs import reconcile_imports_job, run_import_job
 from space.imports.service import RUN_IMPORT
-from space.notifications.jobs import send_email_job, sweep_emails_job
-from space.notifications.outbox import SEND_EMAIL
+from space.notifications.jobs import send_email_job, send_personal_email_job, sweep_emails_job
+from space.notifications.outbox import SEND_EMAIL, SEND_PERSONAL_EMAIL
 from space.observability.metrics import WorkerMetricsServer
 from space.orgs.jobs import purge_due_job
 from space.queue import PutBack, QueueIdentity, guarded, make_queue, queue_identity
@@ -174,6 +174,7 @@ async def build_workers(
         functions=[
             (DELIVER_WEBHOOK, guarded(deliver_webhook_job)),
             (SEND_EMAIL, guarded(send_email_job)),
+            (SEND_PERSONAL_EMAIL, guarded(send_personal_email_job)),
             (DELIVER_EXPORT, guarded(deliver_export_job)),
         ],
         cron_jobs=[

@@ -17,7 +17,7 @@ from space.config import Settings
 from space.db import Database
 from space.exports.pipeline import run_export
 from tests.browser.conftest import SCREENSHOTS, OpenPage, my_exports, sign_in
-from tests.exports.fixtures import add_tickets, create_export, runner, uid
+from tests.exports.fixtures import add_tickets, create_export, runner, uid, wait_for
 from tests.helpers import Api
 from tests.helpers import TestUser as User
 
@@ -117,6 +117,45 @@ async def test_older_notifications_come_a_page_at_a_time(
     await expect(notes(page).first.get_by_role("link")).to_have_attribute("href", f"#/orgs/{org.id}/settings")
 
 
+async def test_a_restore_that_failed_is_listed_without_an_org_and_opens_its_import(
+    api: Api, open_page: OpenPage, worker: None
+) -> None:
+    org = await api.org("Told Co")
+    r = await api.call(
+        "POST",
+        "/imports?name=Broken",
+        org.owner,
+        content=b"PK\x03\x04 not really",
+        headers={"content-type": "application/zip"},
+    )
+    assert r.status_code == 202, r.text
+    import_id = r.json()["id"]
+
+    async def failed() -> bool:
+        return bool((await api.call("GET", f"/imports/{import_id}", org.owner)).json()["state"] == "failed")
+
+    await wait_for(failed, f"import {import_id} to fail")
+    page = await open_page("owner")
+    await sign_in(page, org.owner)
+    await bell(page, "Notifications, 1 unread").click()
+    await expect(notes(page)).to_have_count(1)
+    note = notes(page).first
+    link = note.get_by_role(
+        "link", name="Your archive could not be restored as Broken: the file is not a valid archive"
+    )
+    # No org to name or lead to: the import's own address, beside the page's restore.
+    await expect(link).to_have_attribute("href", f"#/imports/{import_id}")
+    await expect(note.locator("p.muted")).not_to_contain_text(" · ")
+    await link.click()
+    # Marked read first, then led there.
+    await expect(page.locator("#restore-answer")).to_contain_text(
+        "The restore failed and nothing was kept: The upload is not a readable ZIP archive"
+    )
+    assert page.url.endswith(f"#/imports/{import_id}")
+    await expect(bell(page)).to_be_visible()
+    assert await unread(api, org.owner) == 0
+
+
 async def test_an_email_type_turned_off_stays_off(api: Api, open_page: OpenPage) -> None:
     org = await api.org("Quiet Co")
     page = await open_page("member")
@@ -131,6 +170,7 @@ async def test_an_email_type_turned_off_stays_off(api: Api, open_page: OpenPage)
         "An organization I own is to be deleted",
         "A schedule I made, or one in an organization I own, was paused",
         "An archive I uploaded was restored",
+        "An archive I uploaded could not be restored",
     ]
     for label in labels:
         await expect(page.get_by_label(label, exact=True)).to_be_checked()
@@ -153,6 +193,7 @@ async def test_an_email_type_turned_off_stays_off(api: Api, open_page: OpenPage)
             "org.deletion_requested": True,
             "schedule.paused": True,
             "import.completed": True,
+            "import.failed": True,
         }
     }
     await page.reload()

@@ -24,6 +24,8 @@ REFERENCE = {
     "alembic_version": "the schema's revision: on every node",
     "imports": "an importer's own uploads (RLS on app.user_id), before any org exists: local to the importing node",
     "import_chunks": "the pieces of an import's upload, kept until its restore ends: local, with imports",
+    "personal_notifications": "what a user is told of an event of no org (an import that failed; RLS on"
+    " app.user_id): local, with imports",
 }
 """Tables that are not per tenant: reference (replicated) or local. The SAQ queue lives in its own schema."""
 

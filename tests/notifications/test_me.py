@@ -212,6 +212,7 @@ async def test_preferences_default_on_and_change_by_type(api: Api) -> None:
         "org.deletion_requested",
         "schedule.paused",
         "import.completed",
+        "import.failed",
     }
     r = await api.call("GET", "/me/preferences", user)
     assert r.status_code == 200, r.text

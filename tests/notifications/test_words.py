@@ -20,7 +20,10 @@ def _object(name: str) -> dict[str, str]:
     return dict(re.findall(r'^\s+(\w+): "((?:[^"\\]|\\.)*)",$', match.group(1), re.M))
 
 
-@pytest.mark.parametrize(("name", "ours"), [("KINDS", words.KINDS), ("EXPORT_REASONS", words.EXPORT_REASONS)])
+@pytest.mark.parametrize(
+    ("name", "ours"),
+    [("KINDS", words.KINDS), ("EXPORT_REASONS", words.EXPORT_REASONS), ("IMPORT_REASONS", words.IMPORT_REASONS)],
+)
 def test_the_email_says_what_the_page_says(name: str, ours: dict[str, str]) -> None:
     theirs = _object(name)
     assert theirs and theirs == ours

@@ -5,6 +5,9 @@ is run again from the start (nothing of it was committed: the restore is one tra
 in short transactions of its own, beside the long one: 1-10 checking, 10-90 writing rows, 90-99 verifying.
 The upload is fetched from `import_chunks` into a local file of this worker's; whatever the outcome, its pieces
 are deleted in the transaction that ends the import, and the local file once it has ended.
+
+Its end is told to the importer in that same transaction (SPEC §19): `import.completed` in the new org,
+`import.failed` in the importer's own notifications (no org was made).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from space.exports.formats.datafiles import FILES
 from space.imports import reading, restore, upload, verify
 from space.imports.models import Import, ImportState
 from space.imports.service import discard
+from space.notifications import service as notifications
 from space.notifications.models import NotificationType
 from space.notifications.service import Notice, notify
 
@@ -113,18 +117,30 @@ async def run_import(
         discard(path)
         return ImportState.completed.value
     except reading.ArchiveInvalid as exc:
-        await _fail(db, tenant, import_id, path, "archive_invalid", exc.detail)
+        failure = ("archive_invalid", exc.detail)
     except SpaceError as exc:
-        await _fail(db, tenant, import_id, path, exc.code, exc.detail)
+        failure = (exc.code, exc.detail)
     except Exception:
         log.exception("import %s stopped", import_id)
-        detail = "The restore stopped on an unexpected error; nothing of it was kept. Try again."
-        await _fail(db, tenant, import_id, path, "restore_failed", detail)
+        failure = ("restore_failed", "The restore stopped on an unexpected error; nothing of it was kept. Try again.")
+    await _fail(db, queue, tenant, import_id, path, *failure, name=name, dry_run=dry_run)
     return ImportState.failed.value
 
 
-async def _fail(db: Database, tenant: Tenant, import_id: uuid.UUID, path: str, code: str, detail: str) -> None:
+async def _fail(
+    db: Database,
+    queue: Queue | None,
+    tenant: Tenant,
+    import_id: uuid.UUID,
+    path: str,
+    code: str,
+    detail: str,
+    *,
+    name: str,
+    dry_run: bool,
+) -> None:
     log.info("import %s failed: %s", import_id, code)
+    assert tenant.user_id is not None
     async with UnitOfWork(db.sessionmaker, tenant) as uow:
         await uow.session.execute(
             update(Import)
@@ -137,6 +153,10 @@ async def _fail(db: Database, tenant: Tenant, import_id: uuid.UUID, path: str, c
                 completed_at=func.clock_timestamp(),
             )
         )
-        assert tenant.user_id is not None
+        # Told in the transaction that fails it; the email says the code in words, never `detail` (it may quote
+        # the archive).
+        await notifications.import_failed(
+            uow, queue, user_id=tenant.user_id, import_id=import_id, name=name, error_code=code, dry_run=dry_run
+        )
         await upload.drop(uow.session, tenant.user_id, import_id)
     discard(path)

@@ -4,7 +4,8 @@ the standard library's `email` package (plain text and an HTML alternative, RFC 
 An email tells what happened in plain words and links to the thing's place in the page; it never holds a download
 URL, a link token, a bearer token, an export's filters (a `q` may be anything the user typed) or any exported
 content: everything it says comes from the notification's own `details` (kind, rows, bytes, expiry, error code)
-and the names of the org and the recipient.
+and the names of the org and the recipient. Of an import that failed, it says the error code in words and never
+the import's `errorDetail`, which may quote the archive (an email, a value of a line).
 """
 
 from __future__ import annotations
@@ -23,6 +24,15 @@ from space.notifications.models import NotificationType
 
 PREFERENCES_PATH = "/#/me/preferences"
 """The page's place for a user's notification settings: every email's List-Unsubscribe."""
+
+IMPORT_FAILED_SHORT = {
+    "archive_invalid": "the file is not a valid archive",
+    "ids_in_use": "its ids are in use here",
+    "org_limit_reached": "you have as many organizations as one person may",
+    "too_large": "the file is too large",
+    "restore_failed": "an unexpected error stopped it",
+}
+"""Why a restore failed, in a few words for its title (`words.IMPORT_REASONS` says it in full)."""
 
 
 # --- titles, written with the row ---------------------------------------------------------------------------
@@ -52,6 +62,13 @@ def schedule_paused_title(kind: str, org_name: str, reason: str) -> str:
     return f"A schedule of {words.kind(kind)} exports in {org_name} was paused: {why}"
 
 
+def import_failed_title(name: str, error_code: str, *, dry_run: bool = False) -> str:
+    """ "Your archive could not be restored as Acme: the file is not a valid archive" (a dry run: checked)."""
+    why = IMPORT_FAILED_SHORT.get(error_code, f"it stopped ({error_code})")
+    what = "checked" if dry_run else "restored"
+    return f"Your archive could not be {what} as {name}: {why}"
+
+
 # --- the email, built when it is sent -----------------------------------------------------------------------
 
 
@@ -61,7 +78,8 @@ class Letter:
 
     notification_id: uuid.UUID
     type: NotificationType
-    org_id: uuid.UUID
+    org_id: uuid.UUID | None
+    """None for a user's own notification of an event that has no org (`import.failed`)."""
     org_name: str
     export_id: uuid.UUID | None
     title: str
@@ -69,10 +87,16 @@ class Letter:
     at: dt.datetime
     recipient_name: str
     recipient_email: str
+    import_id: uuid.UUID | None = None
 
 
 def place(public_base: str, letter: Letter) -> str:
-    """Where in the page the email leads: the export (`#/orgs/<orgId>/exports/<exportId>`), else the org."""
+    """Where in the page the email leads: the export (`#/orgs/<orgId>/exports/<exportId>`), an import of no org
+    (`#/imports/<importId>`, beside the page's restore), else the org."""
+    if letter.org_id is None:
+        if letter.import_id is not None:
+            return f"{public_base}/#/imports/{letter.import_id}"
+        return f"{public_base}/"
     if letter.export_id is not None:
         return f"{public_base}/#/orgs/{letter.org_id}/exports/{letter.export_id}"
     if letter.type is NotificationType.schedule_paused:
@@ -117,6 +141,11 @@ def paragraphs(letter: Letter) -> list[str]:
                     " you need its data."
                 )
             return out
+        case NotificationType.import_failed:
+            out = [f"{letter.title}.", words.import_reason(d.get("errorCode"))]
+            if d.get("errorCode") == "archive_invalid":
+                out.append("The import in Space says which member of the file, and which line, is wrong.")
+            return out
     return [letter.title]
 
 
@@ -134,7 +163,11 @@ def compose(letter: Letter, *, public_base: str, mail_from: tuple[str, str]) -> 
     link = place(public_base, letter)
     preferences = public_base + PREFERENCES_PATH
     said = [p for p in paragraphs(letter) if p]
-    why = "You get this email because of your place in this organization on Space."
+    why = (
+        "You get this email because of your place in this organization on Space."
+        if letter.org_id is not None
+        else "You get this email because of what you did on Space."
+    )
     sender_name, sender_address = mail_from
     message = EmailMessage()
     message["Subject"] = one_line(letter.title)

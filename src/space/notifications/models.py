@@ -1,5 +1,5 @@
 """Notifications, one row per recipient and channel (the email rows are an outbox), and email preferences
-(migration 0018)."""
+(migration 0018); a user's own notifications of events that have no org (migration 0025)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ class NotificationType(enum.StrEnum):
     schedule_paused = "schedule.paused"
     import_completed = "import.completed"
     """An archive the importer uploaded was restored as an organization (SPEC §23)."""
+    import_failed = "import.failed"
+    """An archive the importer uploaded could not be restored (SPEC §23): no org exists, so the rows are the
+    importer's own (`PersonalNotification`)."""
 
 
 class Channel(enum.StrEnum):
@@ -69,6 +72,28 @@ class Notification(Owed, Base):
     title: Mapped[str]
     details: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
     """What the email says beyond the title: kind, rows, bytes, expiry, error code (never content)."""
+    read_at: Mapped[dt.datetime | None]
+    status: Mapped[str] = mapped_column(
+        Computed("CASE WHEN state = 'pending' AND attempts > 0 THEN 'retrying' ELSE state END")
+    )
+    last_error: Mapped[str | None]
+    created_at: Mapped[dt.datetime] = created_at()
+
+
+class PersonalNotification(Owed, Base):
+    """One event of no org told to one person on one channel (`import.failed`): a `Notification` keyed by its
+    user instead of an org, the user's own row (RLS on app.user_id, like `imports`); for email, a row of the
+    outbox `outbox.PERSONAL_EMAILS`."""
+
+    __tablename__ = "personal_notifications"
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    channel: Mapped[str]
+    type: Mapped[str]
+    import_id: Mapped[uuid.UUID | None]
+    title: Mapped[str]
+    details: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    """What the email says beyond the title: the error code (never the archive's content)."""
     read_at: Mapped[dt.datetime | None]
     status: Mapped[str] = mapped_column(
         Computed("CASE WHEN state = 'pending' AND attempts > 0 THEN 'retrying' ELSE state END")

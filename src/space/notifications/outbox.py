@@ -3,16 +3,20 @@ attempts with a doubling backoff, so that a server answering 4xx or not at all i
 (with the default SPACE_MAIL_RETRY_SECONDS of 60: 1, 2, 4, ... 64 minutes apart, the last two hours after the first).
 
 Its states are the outbox's (pending, sending, delivered, failed) plus `skipped`, which the sender writes itself;
-`retrying` is a pending row already tried once (the table's `status` column reads it so)."""
+`retrying` is a pending row already tried once (the table's `status` column reads it so).
+
+`PERSONAL_EMAILS` is its twin for the `personal_notifications` of events that have no org (`import.failed`):
+the same policy, its rows keyed by their user, its attempts counted against no org's cap."""
 
 from __future__ import annotations
 
 import logging
 
-from space.notifications.models import Notification
+from space.notifications.models import Notification, PersonalNotification
 from space.outbox import Outbox
 
 SEND_EMAIL = "send_email_job"
+SEND_PERSONAL_EMAIL = "send_personal_email_job"
 
 MAX_ATTEMPTS = 8
 
@@ -29,6 +33,22 @@ EMAILS = Outbox(
     job_timeout_seconds=240,
     log=logging.getLogger("space.notifications"),
     noun="email",
+)
+
+
+PERSONAL_EMAILS = Outbox(
+    table=PersonalNotification,
+    job_function=SEND_PERSONAL_EMAIL,
+    id_kwarg="notification_id",
+    key_prefix="personal-email",
+    due_function="space_notifications_due_personal_emails",
+    max_attempts=MAX_ATTEMPTS,
+    lease_seconds=EMAILS.lease_seconds,
+    backoff_factor=EMAILS.backoff_factor,
+    job_timeout_seconds=EMAILS.job_timeout_seconds,
+    log=EMAILS.log,
+    noun="personal email",
+    scope="user_id",
 )
 
 

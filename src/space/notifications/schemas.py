@@ -9,12 +9,13 @@ from space.schemas import Input, Output
 
 
 class NotificationItem(Output, omit_defaults=True):
-    """One in-app notification: what happened, where, and whether the caller has read it."""
+    """One in-app notification: what happened, where (`orgId` null: an event of no org, such as an import that
+    failed, with its `importId`), and whether the caller has read it."""
 
     id: uuid.UUID
     at: dt.datetime
     type: str
-    org_id: uuid.UUID
+    org_id: uuid.UUID | None
     title: str
     read_at: dt.datetime | None
     export_id: uuid.UUID | None = None

@@ -5,6 +5,10 @@ recipient who is no longer a member, or who turned that type off, or an installa
 ends the row `skipped` there, and nothing is sent. No transaction is open while the SMTP session runs. The
 claim, the fenced settle, the backoff and the next entry are the outbox's (`space.outbox`); an SMTP 4xx answer or
 a connection that fails is tried again, a 5xx answer ends the row `failed`. Nothing here touches an export.
+
+A user's own notification of no org (`personal_notifications`, `send_personal_email`) is claimed from its own
+outbox in the user's context; with no org there is no membership to check, only SPACE_SMTP_URL and the
+preference. From the claim on, both are one path: compose, send, settle.
 """
 
 from __future__ import annotations
@@ -23,30 +27,49 @@ from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.notifications import messages, service
 from space.notifications.messages import Letter
-from space.notifications.models import SKIPPED, Notification, NotificationType, Skipped
-from space.notifications.outbox import EMAILS
+from space.notifications.models import SKIPPED, Notification, NotificationType, PersonalNotification, Skipped
+from space.notifications.outbox import EMAILS, PERSONAL_EMAILS
 from space.notifications.smtp import Answer, parse_mail_from, parse_smtp_url, send
 from space.orgs import service as orgs
+from space.outbox import Outbox
 
 log = logging.getLogger("space.notifications")
 
 
 @dataclass(frozen=True)
 class Claimed:
-    """An attempt this worker now owns: which try, and the letter to send."""
+    """An attempt this worker now owns: which try, and the letter to send; `box` and `scope_id` name its row (its
+    org's, or for a row of no org its user's), `tenant` is the context its settle runs in."""
 
     notification_id: uuid.UUID
-    org_id: uuid.UUID
+    scope_id: uuid.UUID
     user_id: uuid.UUID
     attempt: int
     letter: Letter
+    box: Outbox = EMAILS
+    tenant: Tenant | None = None
+
+    @property
+    def context(self) -> Tenant:
+        """The RLS context of its row: the org's, unless one was given."""
+        return self.tenant if self.tenant is not None else Tenant(org_id=self.scope_id)
 
 
 async def send_email(
     settings: Settings, db: Database, queue: Queue | None, notification_id: uuid.UUID, org_id: uuid.UUID
 ) -> str:
     """Make the email's next attempt; returns delivered, retrying, failed, skipped or not_claimed."""
-    claimed = await claim(settings, db, notification_id, org_id)
+    return await _send(settings, db, queue, await claim(settings, db, notification_id, org_id))
+
+
+async def send_personal_email(
+    settings: Settings, db: Database, queue: Queue | None, notification_id: uuid.UUID, user_id: uuid.UUID
+) -> str:
+    """Make the next attempt of the email of a user's own notification (no org); the same answers."""
+    return await _send(settings, db, queue, await claim_personal(settings, db, notification_id, user_id))
+
+
+async def _send(settings: Settings, db: Database, queue: Queue | None, claimed: Claimed | str) -> str:
     if not isinstance(claimed, Claimed):
         return claimed
     assert settings.smtp_url is not None  # claim skips every row otherwise
@@ -86,7 +109,7 @@ async def claim(settings: Settings, db: Database, notification_id: uuid.UUID, or
         await uow.retenant(Tenant(org_id=org_id, user_id=user_id))
         reason = await _why_not(settings, session, org_id, user_id, type_)
         if reason is not None:
-            await _skip(session, notification_id, org_id, attempt, reason)
+            await _skip(session, EMAILS, notification_id, org_id, attempt, reason)
         else:
             user = (await session.execute(select(User.name, User.email).where(User.id == user_id))).one()
             org_name = await orgs.org_name(session, org_id)
@@ -108,12 +131,60 @@ async def claim(settings: Settings, db: Database, notification_id: uuid.UUID, or
     return Claimed(notification_id, org_id, user_id, attempt, letter)
 
 
+async def claim_personal(
+    settings: Settings, db: Database, notification_id: uuid.UUID, user_id: uuid.UUID
+) -> Claimed | str:
+    """Take the next attempt of a user's own email (`PERSONAL_EMAILS.claim`, in the user's context) and check again
+    that email is on and that type is still on (there is no org, so no membership): a Claimed, or what became of
+    the row."""
+    tenant = Tenant(user_id=user_id)
+    p = PersonalNotification
+    async with UnitOfWork(db.sessionmaker, tenant) as uow:
+        session = uow.session
+        row = await PERSONAL_EMAILS.claim(
+            session,
+            notification_id,
+            user_id,
+            p.type,
+            p.import_id,
+            p.title,
+            p.details,
+            p.created_at,
+            org_concurrency=settings.outbound_org_concurrency,
+        )
+        if row is None:
+            return "not_claimed"
+        attempt, type_, import_id, title, details, created_at = row
+        reason = await _why_not(settings, session, None, user_id, type_)
+        if reason is not None:
+            await _skip(session, PERSONAL_EMAILS, notification_id, user_id, attempt, reason)
+        else:
+            user = (await session.execute(select(User.name, User.email).where(User.id == user_id))).one()
+    if reason is not None:
+        log.info("personal email %s to user %s skipped: %s", notification_id, user_id, reason.value)
+        return SKIPPED
+    letter = Letter(
+        notification_id=notification_id,
+        type=NotificationType(type_),
+        org_id=None,
+        org_name="",
+        export_id=None,
+        title=title,
+        details=details,
+        at=created_at,
+        recipient_name=user.name,
+        recipient_email=user.email,
+        import_id=import_id,
+    )
+    return Claimed(notification_id, user_id, user_id, attempt, letter, box=PERSONAL_EMAILS, tenant=tenant)
+
+
 async def _why_not(
-    settings: Settings, session: AsyncSession, org_id: uuid.UUID, user_id: uuid.UUID, type_: str
+    settings: Settings, session: AsyncSession, org_id: uuid.UUID | None, user_id: uuid.UUID, type_: str
 ) -> Skipped | None:
     if settings.smtp_url is None:
         return Skipped.email_off
-    if await orgs.membership_of(session, org_id, user_id) is None:
+    if org_id is not None and await orgs.membership_of(session, org_id, user_id) is None:
         return Skipped.not_member
     if not await service.email_on(session, user_id, type_):
         return Skipped.preference_off
@@ -121,13 +192,18 @@ async def _why_not(
 
 
 async def _skip(
-    session: AsyncSession, notification_id: uuid.UUID, org_id: uuid.UUID, attempt: int, reason: Skipped
+    session: AsyncSession,
+    box: Outbox,
+    notification_id: uuid.UUID,
+    scope_id: uuid.UUID,
+    attempt: int,
+    reason: Skipped,
 ) -> None:
     # Fenced like a settle: only the attempt this transaction claimed is skipped.
-    t = Notification
+    t = box.table
     await session.execute(
         update(t)
-        .where(t.id == notification_id, t.org_id == org_id, t.attempts == attempt, t.state == "sending")
+        .where(*box.this_row(notification_id, scope_id), t.attempts == attempt, t.state == "sending")
         .values(state=SKIPPED, lease_expires_at=None, finished_at=text("clock_timestamp()"), last_error=reason.value)
         .execution_options(synchronize_session=False)
     )
@@ -138,11 +214,12 @@ async def settle(
 ) -> str:
     """Move the row on after the attempt (delivered; failed on a 5xx or the last attempt; else pending until its
     backoff), fenced by the attempt, and enqueue the next one."""
-    async with UnitOfWork(db.sessionmaker, Tenant(org_id=claimed.org_id)) as uow:
-        settled = await EMAILS.settle(
+    box = claimed.box
+    async with UnitOfWork(db.sessionmaker, claimed.context) as uow:
+        settled = await box.settle(
             uow.session,
             claimed.notification_id,
-            claimed.org_id,
+            claimed.scope_id,
             claimed.attempt,
             ok=answer.ok,
             final=answer.final,
@@ -151,17 +228,17 @@ async def settle(
         if settled is None:
             return "not_claimed"
         if answer.error is not None:
-            t = Notification
             await uow.session.execute(
-                update(t)
-                .where(t.id == claimed.notification_id, t.org_id == claimed.org_id)
+                update(box.table)
+                .where(*box.this_row(claimed.notification_id, claimed.scope_id))
                 .values(last_error=answer.error)
                 .execution_options(synchronize_session=False)
             )
     level = logging.INFO if answer.ok else logging.WARNING
     log.log(
         level,
-        "email %s to user %s via %s, attempt %d: %s%s",
+        "%s %s to user %s via %s, attempt %d: %s%s",
+        box.noun,
         claimed.notification_id,
         claimed.user_id,
         shown,
@@ -170,7 +247,7 @@ async def settle(
         f" ({answer.error})" if answer.error else "",
     )
     if settled.retrying and queue is not None:
-        await EMAILS.enqueue(
-            queue, claimed.notification_id, claimed.org_id, attempt=claimed.attempt + 1, delay=settled.delay
+        await box.enqueue(
+            queue, claimed.notification_id, claimed.scope_id, attempt=claimed.attempt + 1, delay=settled.delay
         )
     return settled.result

@@ -1,6 +1,9 @@
 """Notifications: `notify` owes one event to its recipients (an in-app row and an email row each) in the
-transaction of the change it announces; what each event says and to whom (`export_ended`, `deletion_requested`);
-and the caller's own side, across orgs: the list, marking read, email preferences.
+transaction of the change it announces; what each event says and to whom (`export_ended`, `deletion_requested`,
+`import_failed`); and the caller's own side, across orgs: the list, marking read, email preferences.
+
+An event of an org is written to `notifications`; one of no org (`import.failed`: no org was made) to the
+recipient's own `personal_notifications`, in the recipient's own context. The list reads both in one order.
 
 Rows are written, never sent, here: in-app rows are delivered by being written; the email rows are the outbox
 (`outbox.EMAILS`), enqueued after the commit and sent by `sending.send_email`, which decides at send time whether
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saq import Queue
-from sqlalchemy import func, select, tuple_, update
+from sqlalchemy import ColumnElement, Select, Uuid, func, literal, null, select, tuple_, union_all, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -25,8 +28,14 @@ from space.auth.models import User
 from space.db import UnitOfWork
 from space.errors import InvalidRequest, NotFound
 from space.notifications import messages
-from space.notifications.models import Channel, Notification, NotificationPreference, NotificationType
-from space.notifications.outbox import EMAILS
+from space.notifications.models import (
+    Channel,
+    Notification,
+    NotificationPreference,
+    NotificationType,
+    PersonalNotification,
+)
+from space.notifications.outbox import EMAILS, PERSONAL_EMAILS
 from space.notifications.schemas import NotificationItem, NotificationPage, Preferences, PreferencesUpdate
 from space.orgs import service as orgs
 from space.orgs.models import Membership, Role
@@ -34,10 +43,13 @@ from space.orgs.models import Membership, Role
 
 @dataclass(frozen=True)
 class Notice:
-    """One event to tell: its type, org, recipients, the line people read, and what an email adds."""
+    """One event to tell: its type, org, recipients, the line people read, and what an email adds.
+
+    `org_id` None: an event of no org, told to its recipients' own rows (no export or schedule: those are an org's).
+    """
 
     type: NotificationType
-    org_id: uuid.UUID
+    org_id: uuid.UUID | None
     recipients: Sequence[uuid.UUID]
     title: str
     details: dict[str, Any] = field(default_factory=dict)
@@ -48,17 +60,23 @@ class Notice:
 
 async def notify(uow: UnitOfWork, queue: Queue | None, notice: Notice) -> int:
     """Owe `notice` to each recipient in the caller's transaction (its tenant is the org): an in-app row and an email
-    row; the emails are enqueued on `queue` after the commit (None: the sweeper sends them). How many recipients."""
+    row; the emails are enqueued on `queue` after the commit (None: the sweeper sends them). How many recipients.
+
+    An event of no org (`org_id` None) is written to each recipient's own rows: the transaction's `app.user_id`
+    must be the recipient's (RLS refuses another's)."""
     recipients = list(dict.fromkeys(notice.recipients))
     if not recipients:
         return 0
+    if notice.org_id is None:
+        return await _notify_personal(uow, queue, notice, recipients)
+    org_id = notice.org_id
 
     def row(user_id: uuid.UUID, channel: Channel) -> Notification:
         # An in-app notification is delivered by being written.
         state = "delivered" if channel is Channel.app else "pending"
         return Notification(
             id=uuid.uuid4(),
-            org_id=notice.org_id,
+            org_id=org_id,
             user_id=user_id,
             channel=channel.value,
             type=notice.type.value,
@@ -74,6 +92,31 @@ async def notify(uow: UnitOfWork, queue: Queue | None, notice: Notice) -> int:
     # email row is owed whatever the preference says now.
     uow.session.add_all([row(u, Channel.app) for u in recipients])
     await EMAILS.owe(uow, queue, [row(u, Channel.email) for u in recipients])
+    return len(recipients)
+
+
+async def _notify_personal(
+    uow: UnitOfWork, queue: Queue | None, notice: Notice, recipients: Sequence[uuid.UUID]
+) -> int:
+    if notice.export_id is not None or notice.schedule_id is not None:
+        raise ValueError("an event of no org names no export or schedule")
+
+    def row(user_id: uuid.UUID, channel: Channel) -> PersonalNotification:
+        state = "delivered" if channel is Channel.app else "pending"
+        return PersonalNotification(
+            id=uuid.uuid4(),
+            user_id=user_id,
+            channel=channel.value,
+            type=notice.type.value,
+            import_id=notice.import_id,
+            title=notice.title,
+            details=notice.details,
+            state=state,
+        )
+
+    # As for an org's: whether the email goes is decided when it is sent (email on, that type still on).
+    uow.session.add_all([row(u, Channel.app) for u in recipients])
+    await PERSONAL_EMAILS.owe(uow, queue, [row(u, Channel.email) for u in recipients])
     return len(recipients)
 
 
@@ -162,6 +205,29 @@ async def deletion_requested(
     return await notify(uow, queue, notice)
 
 
+async def import_failed(
+    uow: UnitOfWork,
+    queue: Queue | None,
+    *,
+    user_id: uuid.UUID,
+    import_id: uuid.UUID,
+    name: str,
+    error_code: str,
+    dry_run: bool = False,
+) -> int:
+    """Tell the importer their archive could not be restored (SPEC §19, §23): their own rows, as no org exists.
+    The details hold the error code only: the import's `errorDetail` may quote the archive."""
+    notice = Notice(
+        type=NotificationType.import_failed,
+        org_id=None,
+        recipients=[user_id],
+        title=messages.import_failed_title(name, error_code, dry_run=dry_run),
+        details={"errorCode": error_code},
+        import_id=import_id,
+    )
+    return await notify(uow, queue, notice)
+
+
 # --- the caller's own, across orgs ------------------------------------------------------------------------------
 
 DEFAULT_LIMIT = 50
@@ -192,72 +258,122 @@ def _own(user_id: uuid.UUID) -> list[Any]:
     return [Notification.user_id == user_id, Notification.channel == Channel.app.value]
 
 
+def _own_personal(user_id: uuid.UUID) -> list[Any]:
+    # The caller's own rows of no org (migration 0025; RLS shows no one else's), by personal_notifications_user_idx.
+    return [PersonalNotification.user_id == user_id, PersonalNotification.channel == Channel.app.value]
+
+
+_NO_ID = null().cast(Uuid)
+
+
+def _listed(user_id: uuid.UUID) -> tuple[Select[*tuple[Any, ...]], Select[*tuple[Any, ...]]]:
+    """The caller's in-app rows of both tables as one shape: (at, id, type, org, export, schedule, import, title,
+    read); a personal row names no org, export or schedule."""
+    n, p = Notification, PersonalNotification
+    ours = select(
+        n.created_at.label("at"),
+        n.id.label("id"),
+        n.type.label("type"),
+        n.org_id.label("org_id"),
+        n.export_id.label("export_id"),
+        n.schedule_id.label("schedule_id"),
+        n.import_id.label("import_id"),
+        n.title.label("title"),
+        n.read_at.label("read_at"),
+    ).where(*_own(user_id))
+    personal = select(
+        p.created_at.label("at"),
+        p.id.label("id"),
+        p.type.label("type"),
+        _NO_ID.label("org_id"),
+        _NO_ID.label("export_id"),
+        _NO_ID.label("schedule_id"),
+        p.import_id.label("import_id"),
+        p.title.label("title"),
+        p.read_at.label("read_at"),
+    ).where(*_own_personal(user_id))
+    return ours, personal
+
+
 async def page(session: AsyncSession, user_id: uuid.UUID, before: str | None, limit: int) -> NotificationPage:
-    """The caller's in-app notifications over every org they belong to, newest first, `limit` older than `before`."""
-    stmt = (
-        select(Notification)
-        .where(*_own(user_id))
-        .order_by(Notification.created_at.desc(), Notification.id.desc())
-        .limit(limit + 1)
-    )
+    """The caller's in-app notifications over every org they belong to, and their own of no org, newest first (one
+    order over both: created_at, then id), `limit` older than `before`."""
+    ours, personal = _listed(user_id)
+    n, p = Notification, PersonalNotification
     if before is not None:
+        row_id = decode_cursor(before)
         position = (
             await session.execute(
-                select(Notification.created_at, Notification.id).where(
-                    *_own(user_id), Notification.id == decode_cursor(before)
+                union_all(
+                    select(n.created_at, n.id).where(*_own(user_id), n.id == row_id),
+                    select(p.created_at, p.id).where(*_own_personal(user_id), p.id == row_id),
                 )
             )
         ).first()
         if position is None:
             raise _not_a_cursor()
-        stmt = stmt.where(tuple_(Notification.created_at, Notification.id) < tuple_(position[0], position[1]))
-    rows = list(await session.scalars(stmt))
+        after: tuple[ColumnElement[Any], ColumnElement[Any]] = (literal(position[0]), literal(position[1], Uuid))
+        ours = ours.where(tuple_(n.created_at, n.id) < tuple_(*after))
+        personal = personal.where(tuple_(p.created_at, p.id) < tuple_(*after))
+    # Each table's newest `limit + 1` by its own index, then the newest of both.
+    parts = [
+        q.order_by(order.created_at.desc(), order.id.desc()).limit(limit + 1).subquery()
+        for q, order in ((ours, n), (personal, p))
+    ]
+    both = union_all(*(select(part) for part in parts)).subquery()
+    rows = (await session.execute(select(both).order_by(both.c.at.desc(), both.c.id.desc()).limit(limit + 1))).all()
     unread = await session.scalar(
-        select(func.count()).select_from(Notification).where(*_own(user_id), Notification.read_at.is_(None))
+        select(
+            select(func.count()).select_from(n).where(*_own(user_id), n.read_at.is_(None)).scalar_subquery()
+            + select(func.count()).select_from(p).where(*_own_personal(user_id), p.read_at.is_(None)).scalar_subquery()
+        )
     )
     more = len(rows) > limit
     return NotificationPage(
-        items=[_item(n) for n in rows[:limit]],
+        items=[_item(r) for r in rows[:limit]],
         next=encode_cursor(rows[limit - 1].id) if more else None,
         unread=unread or 0,
     )
 
 
-def _item(n: Notification) -> NotificationItem:
+def _item(r: Any) -> NotificationItem:
     return NotificationItem(
-        id=n.id,
-        at=n.created_at,
-        type=n.type,
-        org_id=n.org_id,
-        export_id=n.export_id,
-        schedule_id=n.schedule_id,
-        import_id=n.import_id,
-        title=n.title,
-        read_at=n.read_at,
+        id=r.id,
+        at=r.at,
+        type=r.type,
+        org_id=r.org_id,
+        export_id=r.export_id,
+        schedule_id=r.schedule_id,
+        import_id=r.import_id,
+        title=r.title,
+        read_at=r.read_at,
     )
 
 
 async def mark_read(session: AsyncSession, user_id: uuid.UUID, notification_id: uuid.UUID) -> None:
     """Mark one of the caller's notifications read (again: no change); 404 when it is not theirs to see."""
-    found = await session.execute(
-        update(Notification)
-        .where(*_own(user_id), Notification.id == notification_id)
-        .values(read_at=func.coalesce(Notification.read_at, func.now()))
-        .returning(Notification.id)
-        .execution_options(synchronize_session=False)
-    )
-    if found.first() is None:
-        raise NotFound()
+    for table, own in ((Notification, _own), (PersonalNotification, _own_personal)):
+        found = await session.execute(
+            update(table)
+            .where(*own(user_id), table.id == notification_id)
+            .values(read_at=func.coalesce(table.read_at, func.now()))
+            .returning(table.id)
+            .execution_options(synchronize_session=False)
+        )
+        if found.first() is not None:
+            return
+    raise NotFound()
 
 
 async def mark_all_read(session: AsyncSession, user_id: uuid.UUID) -> None:
-    """Mark every unread notification of the caller read."""
-    await session.execute(
-        update(Notification)
-        .where(*_own(user_id), Notification.read_at.is_(None))
-        .values(read_at=func.now())
-        .execution_options(synchronize_session=False)
-    )
+    """Mark every unread notification of the caller read (an org's and their own)."""
+    for table, own in ((Notification, _own), (PersonalNotification, _own_personal)):
+        await session.execute(
+            update(table)
+            .where(*own(user_id), table.read_at.is_(None))
+            .values(read_at=func.now())
+            .execution_options(synchronize_session=False)
+        )
 
 
 # --- preferences ------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""What notifications say, in the page's own words (web/static/words.js: KINDS, EXPORT_REASONS, size, count), so
+"""What notifications say, in the page's own words (web/static/words.js: KINDS, EXPORT_REASONS, IMPORT_REASONS,
+size, count), so
 an email and the page never tell one failure two ways; tests/notifications/test_words.py holds the two together."""
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ EXPORT_REASONS = {
     "export_revoked": "An owner or administrator of the organization removed this export's file. Request a new one if you still need it.",
 }
 
+IMPORT_REASONS = {
+    "archive_invalid": "The file is not a complete Space archive as it was made: a member is missing, extra or changed, or a line is not valid. Nothing of it was kept.",
+    "ids_in_use": "The archive's projects and tasks are still here (is the original organization still here?). Restore it with new ids.",
+    "org_limit_reached": "You have created as many organizations as one person may.",
+    "too_large": "The archive is larger than this Space accepts for a restore.",
+    "restore_failed": "The restore stopped on an unexpected error; nothing of it was kept. Try again.",
+}
+
 
 def kind(value: str | None) -> str:
     """An export kind as the page names it."""
@@ -36,6 +45,11 @@ def reason(error_code: str | None) -> str:
     if not error_code:
         return ""
     return EXPORT_REASONS.get(error_code, f"The export stopped ({error_code}).")
+
+
+def import_reason(error_code: str | None) -> str:
+    """Why a restore failed, as the page says it (never the import's `errorDetail`: that may quote the archive)."""
+    return IMPORT_REASONS.get(error_code or "", f"The restore stopped ({error_code}); nothing of it was kept.")
 
 
 def size(n: int | None) -> str:

@@ -157,7 +157,7 @@ async function route(fresh = true) {
     else target = { view: "exports", orgId: state.orgs[0].id };
     history.replaceState(null, "", target.view === "new-org" ? href("new-org") : href("exports", target.orgId));
   }
-  const key = `${target.view}/${target.orgId}/${target.exportId}`;
+  const key = `${target.view}/${target.orgId}/${target.exportId || target.importId}`;
   if (!fresh && shown.key !== key) return;
   const generation = nextGeneration();
   if (fresh) answer($("view-answer"), pending || "");
@@ -170,7 +170,9 @@ async function route(fresh = true) {
     $("no-orgs").hidden = state.orgs.length > 0;
     $("banner").hidden = true;
     showView("new-org");
-    if (fresh) $("new-org-name").focus();
+    // An import's address (a notification's link) shows its report beside the restore form.
+    if (fresh && target.importId) await restore.show(target.importId, generation);
+    else if (fresh) $("new-org-name").focus();
     return;
   }
   if (fresh || !state.org || state.org.id !== target.orgId) {

@@ -1,7 +1,7 @@
 // The caller's own views: what they were told (notifications, with the unread count in the header) and which of
 // it is also emailed to them (preferences). Both are the caller's across every org, at `#/me/...`.
 import { api, ApiError } from "./api.js";
-import { current, href, state } from "./state.js";
+import { current, href, importHref, state } from "./state.js";
 import { $, answer, el, failure } from "./ui.js";
 import * as words from "./words.js";
 
@@ -73,8 +73,9 @@ export function reset() {
 }
 
 /** Where a notification leads: the export's place, the org's settings for a deletion or a paused schedule, else the
- * org. */
+ * org; one of no org (an import that failed) leads to its import, beside the page's restore. */
 function target(n) {
+  if (!n.orgId) return n.importId ? importHref(n.importId) : href("notifications");
   if (n.exportId) return href("export", n.orgId, n.exportId);
   if (n.type === "org.deletion_requested" || n.type === "schedule.paused") return href("settings", n.orgId);
   return href("exports", n.orgId);

@@ -1,7 +1,9 @@
 // "Restore an archive" (SPEC §23): the ZIP uploaded with a progress bar (XMLHttpRequest: fetch reports no upload
 // progress), then the import followed until it ends, and its report told in words beside the form.
 import { ApiError, call, token } from "./api.js";
+import { current } from "./state.js";
 import { $, answer, failure } from "./ui.js";
+import * as words from "./words.js";
 
 const POLL_MS = 1000;
 
@@ -35,7 +37,7 @@ const PHASES = { checking: "Checking the archive", restoring: "Writing its rows"
 /** The finished import in words. */
 export function report(imp) {
   if (imp.state === "failed") {
-    return `The restore failed and nothing was kept: ${imp.errorDetail || imp.errorCode}`;
+    return `The restore failed and nothing was kept: ${imp.errorDetail || words.importReason(imp.errorCode)}`;
   }
   const r = imp.report || {};
   const c = r.counts || {};
@@ -67,7 +69,32 @@ async function follow(id, bar, slot, done) {
   }
 }
 
+let hooks = { expired: () => {} };
+
+/** One of the caller's imports, by its address (`#/imports/<id>`, where its notification and email lead): its
+ * report beside the form, followed to its end while it runs. */
+export async function show(id, generation) {
+  const slot = $("restore-answer");
+  const bar = $("restore-progress");
+  answer(slot, "Reading the import…");
+  try {
+    const { body } = await call("GET", `/imports/${encodeURIComponent(id)}`);
+    if (!current(generation)) return;
+    const ended = (imp) => answer(slot, report(imp), imp.state === "failed");
+    if (body.state === "completed" || body.state === "failed") return ended(body);
+    bar.hidden = false;
+    await follow(id, bar, slot, ended);
+  } catch (error) {
+    if (!current(generation)) return;
+    if (error instanceof ApiError && error.code === "unauthenticated") return hooks.expired(error);
+    answer(slot, error instanceof ApiError && error.status === 404 ? "This import does not exist, or it is not yours." : failure(error), true);
+  } finally {
+    bar.hidden = true;
+  }
+}
+
 export function setup(expired, restored) {
+  hooks = { expired };
   $("restore-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const file = $("restore-file").files[0];

@@ -68,10 +68,16 @@ export function href(view, orgId = state.org && state.org.id, exportId = null) {
 
 const VIEWS = new Set(["exports", "all", "audit", "settings"]);
 
-/** What an address asks for: {view, orgId?, exportId?}; null for an address that is no view. */
+/** The address of one of the caller's imports (SPEC §23): shown in the New organization view, beside the restore. */
+export function importHref(importId) {
+  return `#/imports/${encodeURIComponent(importId)}`;
+}
+
+/** What an address asks for: {view, orgId?, exportId?, importId?}; null for an address that is no view. */
 export function parse(hash) {
   const parts = hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
   if (parts.length === 2 && parts[0] === "orgs" && parts[1] === "new") return { view: "new-org" };
+  if (parts.length === 2 && parts[0] === "imports") return { view: "new-org", importId: parts[1] };
   if (parts.length === 2 && parts[0] === "me" && ME_VIEWS.has(parts[1])) return { view: parts[1] };
   if (parts[0] !== "orgs" || parts.length < 2) return null;
   const orgId = parts[1];

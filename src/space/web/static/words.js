@@ -32,6 +32,21 @@ const EXPORT_REASONS = {
   export_revoked: "An owner or administrator of the organization removed this export's file. Request a new one if you still need it.",
 };
 
+// Why a restore failed (an import's errorCode), said to the importer in the page and in the email of
+// `import.failed` (never the import's errorDetail in an email: it may quote the archive).
+const IMPORT_REASONS = {
+  archive_invalid: "The file is not a complete Space archive as it was made: a member is missing, extra or changed, or a line is not valid. Nothing of it was kept.",
+  ids_in_use: "The archive's projects and tasks are still here (is the original organization still here?). Restore it with new ids.",
+  org_limit_reached: "You have created as many organizations as one person may.",
+  too_large: "The archive is larger than this Space accepts for a restore.",
+  restore_failed: "The restore stopped on an unexpected error; nothing of it was kept. Try again.",
+};
+
+/** Why a restore failed, in words. */
+export function importReason(errorCode) {
+  return IMPORT_REASONS[errorCode] || `The restore stopped (${errorCode}); nothing of it was kept.`;
+}
+
 // What an answer of the API means for the person who asked.
 const PROBLEMS = {
   unauthenticated: "That token was not accepted: it is unknown, revoked or mistyped.",
@@ -219,6 +234,7 @@ export const EMAIL_TYPES = {
   "org.deletion_requested": "An organization I own is to be deleted",
   "schedule.paused": "A schedule I made, or one in an organization I own, was paused",
   "import.completed": "An archive I uploaded was restored",
+  "import.failed": "An archive I uploaded could not be restored",
 };
 
 /** The notifications control's name for screen readers: the count is in it, the badge is only seen. */
