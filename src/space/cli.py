@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -176,7 +176,20 @@ def up() -> None:
                 _say(s, f"Export center: open {base}/ and sign in with the token above")
             _say(s, "Demo data (two orgs, every role, tickets): .venv/bin/space demo   Stop: Ctrl+C")
 
-        asyncio.run(_serve(s, sock, with_worker=True, on_ready=banner))
+        _run(_serve(s, sock, with_worker=True, on_ready=banner))
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    """Run a serving process's main coroutine on uvloop, the event loop uvicorn's standard install brings: every
+    request's awaits (its database round trips included) go through the loop, at about half asyncio's own cost per
+    turn (docs/decisions 0104). Where uvloop is not installed, on asyncio's."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - a platform without uvloop's wheels
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
 
 
 @main.command()
@@ -189,7 +202,7 @@ def api() -> None:
         def ready() -> None:
             _say(s, f"Space API listening at {_base_url(s, sock)}")
 
-        asyncio.run(_serve(s, sock, with_worker=False, on_ready=ready))
+        _run(_serve(s, sock, with_worker=False, on_ready=ready))
 
 
 @main.command()
@@ -201,7 +214,7 @@ def worker() -> None:
     with database(settings) as (s, _), contextlib.suppress(KeyboardInterrupt):
         _ready_to_serve(s)
         # Its own metrics endpoint: under `space up` the API's /metrics reports the worker's too.
-        asyncio.run(run_worker(s, serve_metrics=True))
+        _run(run_worker(s, serve_metrics=True))
 
 
 @main.command()

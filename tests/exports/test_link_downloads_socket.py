@@ -1,5 +1,6 @@
-"""Link and range downloads from a real `space api` process (SPEC §10, §11): the chunks a range reads, reads that
-stop when a ranged link download's client goes away, `curl -C -` resuming, and no token in the process's log.
+"""Link and range downloads from a real `space api` process (SPEC §10, §11): the chunks a range reads, a range's
+first part read in the transaction that authorizes it (SPEC §24), reads that stop when a ranged link download's
+client goes away, `curl -C -` resuming, and no token in the process's log.
 
 Chunk reads are counted by PostgreSQL, as in test_download_streaming (whose counter, socket client and result
 builder this module reuses): a restrictive policy on `export_chunks` records every row a query of the app role
@@ -42,12 +43,31 @@ from tests.helpers import Api, Org, UserFactory, fresh_database
 pytestmark = pytest.mark.slow
 
 
+# Which transaction read what: each chunk read and each membership row the app role reads notes its transaction
+# (a read-only one, the worker's snapshot, notes nothing).
+NOTE_TRANSACTIONS = """
+ALTER TABLE test_chunk_reads ADD COLUMN xact bigint DEFAULT txid_current();
+CREATE TABLE test_member_reads (n bigserial PRIMARY KEY, xact bigint NOT NULL DEFAULT txid_current());
+CREATE FUNCTION test_member_read() RETURNS boolean
+  LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public
+  AS $$ BEGIN
+    IF current_setting('transaction_read_only') = 'off' THEN INSERT INTO test_member_reads DEFAULT VALUES; END IF;
+    RETURN true;
+  END $$;
+REVOKE ALL ON FUNCTION test_member_read() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION test_member_read() TO space_app;
+CREATE POLICY test_note_member_reads ON memberships AS RESTRICTIVE FOR SELECT TO space_app
+  USING (test_member_read());
+"""
+
+
 @pytest.fixture(scope="module")
 def links_url(owner_url: str) -> Iterator[str]:
-    """A fresh database of this module, migrated, with the chunk-read counter."""
+    """A fresh database of this module, migrated, with the chunk-read counter and the transactions' notes."""
     with fresh_database(owner_url, "space_links") as url:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(COUNT_READS)
+            conn.execute(NOTE_TRANSACTIONS)
         yield url
 
 
@@ -144,6 +164,33 @@ async def test_a_range_reads_only_the_chunks_it_covers(world: World) -> None:
     r = await world.api.client.get(url, headers={"if-none-match": etag})
     assert r.status_code == 304 and r.content == b"" and r.headers["etag"] == etag
     assert await world.reads(world.big, after) == []
+
+
+async def _transactions(url: str, table: str, after: int) -> set[int]:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(f"SELECT DISTINCT xact FROM {table} WHERE n > %s", (after,))  # noqa: S608
+        return {int(r[0]) for r in await cur.fetchall()}
+
+
+async def test_a_ranges_first_part_is_read_in_the_transaction_that_authorizes_it(world: World) -> None:
+    """One round trip a range (issue 35): the link's user, org, membership and export, and the range's first part,
+    in one transaction; its bytes are the range's. Refusals with a part fetched beside them: test_links."""
+    body = world.big.body
+    url = await world.link(world.big)
+    # The first range of an execution that a process serves learns the chunk size, which places later ranges.
+    r = await world.api.client.get(url, headers={"range": "bytes=0-9"})
+    assert r.status_code == 206 and r.content == body[:10]
+    start, end = 3 * CHUNK + 100, 3 * CHUNK + 1100
+    chunk_mark = await world.mark()
+    async with await psycopg.AsyncConnection.connect(world.url, autocommit=True) as conn:
+        row = await (await conn.execute("SELECT coalesce(max(n), 0) FROM test_member_reads")).fetchone()
+        member_mark = int(row[0]) if row else 0
+    r = await world.api.client.get(url, headers={"range": f"bytes={start}-{end - 1}"})
+    assert r.status_code == 206 and r.content == body[start:end]
+    assert await world.reads(world.big, chunk_mark) == [3]
+    read_in = await _transactions(world.url, "test_chunk_reads", chunk_mark)
+    authorized_in = await _transactions(world.url, "test_member_reads", member_mark)
+    assert len(read_in) == 1 and read_in == authorized_in, (read_in, authorized_in)
 
 
 @NEEDS_PROC_NET

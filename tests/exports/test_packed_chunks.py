@@ -157,8 +157,8 @@ class _Counted(PgResultStore):
         super().__init__(*args, **kwargs)
         self.parts: list[int] = []
 
-    async def _query(self, key: ResultKey, query: str, **params: int) -> list[tuple[Any, ...]]:
-        rows = await super()._query(key, query, **params)
+    async def _query(self, query: str, bound: dict[str, Any]) -> list[tuple[Any, ...]]:
+        rows = await super()._query(query, bound)
         if "substring" in query:
             self.parts.append(sum(len(r[2]) for r in rows))
         return rows

@@ -30,9 +30,11 @@ async def read_in_one_trip(
     cur: psycopg.AsyncCursor[Any],
     query: str,
     params: dict[str, Any],
+    *more: tuple[psycopg.AsyncCursor[Any], str, dict[str, Any]],
 ) -> None:
     """Run `query` on `cur` in a short transaction of its own under the tenant setting: BEGIN, the setting, the
-    query and COMMIT in one pipeline with one Sync, one round trip; the rows are then on `cur`.
+    query and COMMIT in one pipeline with one Sync, one round trip; the rows are then on `cur`. Each of `more` is
+    one more (cursor, query, parameters) run after it in the same transaction, its rows on its cursor.
 
     psycopg opens the transaction itself (the pool's connections are not in autocommit) and the COMMIT is a
     statement of the pipeline. `conn.transaction()` inside a pipeline would nest two more pipelines, each of
@@ -45,6 +47,8 @@ async def read_in_one_trip(
         async with conn.pipeline():
             await tenant.execute(*tenant_statement)
             await cur.execute(query, params)
+            for other, other_query, other_params in more:
+                await other.execute(other_query, other_params)
             await tenant.execute("COMMIT")
     except BaseException:
         # A connection that broke meanwhile (the database went away) is dropped by the pool: its error is raised.

@@ -14,9 +14,10 @@ request that would have been refused.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
@@ -24,9 +25,11 @@ from urllib.parse import parse_qsl
 from litestar import Request, Response
 from litestar.response import Redirect, Stream
 from litestar.response.base import ASGIResponse
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.response.streaming import ASGIStreamingResponse
+from litestar.types import ASGIApp, HTTPResponseBodyEvent, Message, Receive, Scope, Send
 
 from space.errors import Busy, RangeNotSatisfiable
+from space.exports.storage.protocol import Opening, Opens, ResultKey, ResultStore
 
 if TYPE_CHECKING:
     from space.exports.service import Download
@@ -101,6 +104,19 @@ def requested_range(range_header: str | None, if_range: str | None, etag: str, s
             f"The result has {size} bytes.", headers={"Content-Range": f"bytes */{size}", "Accept-Ranges": "bytes"}
         )
     return ByteRange(start, end)
+
+
+def first_part(store: ResultStore, key: ResultKey, request: Request[Any, Any, Any]) -> Opening | None:
+    """The first part of the one closed range (`bytes=a-b`) a GET asks for, as the store's statement, for the
+    authorization's round trip to fetch; None for anything else (no range, an open or suffix one, a conditional
+    request), which reads its first part as every later one, once authorized."""
+    headers = request.headers
+    if request.method != "GET" or "if-range" in headers or "if-none-match" in headers or not isinstance(store, Opens):
+        return None
+    m = _ONE_RANGE.fullmatch((headers.get("range") or "").strip())
+    if m is None or not m.group(1) or not m.group(2) or int(m.group(2)) < int(m.group(1)):
+        return None
+    return store.opening(key, int(m.group(1)), int(m.group(2)) + 1)
 
 
 def not_modified(if_none_match: str | None, etag: str) -> bool:
@@ -236,6 +252,7 @@ class DownloadStream(Stream):
             )
             return problem_for(error).to_asgi_response(None, request)
 
+        assert isinstance(stream, ASGIStreamingResponse)
         return _InSlot(stream, self.slots, busy, self.on_start, self.via)
 
 
@@ -246,7 +263,7 @@ class _InSlot(ASGIResponse):
 
     def __init__(
         self,
-        stream: ASGIResponse,
+        stream: ASGIStreamingResponse,
         slots: DownloadSlots,
         busy: Callable[[], ASGIResponse],
         on_start: OnStart | None = None,
@@ -279,7 +296,42 @@ class _InSlot(ASGIResponse):
         try:
             if self._on_start is not None:
                 await self._on_start()
-            await self._stream(scope, receive, counted)
+            await self._stream.start_response(counted)
+            await _send_body(self._stream, receive, counted)
         finally:
             metrics.DOWNLOADS_IN_FLIGHT.dec()
             self._slots.release()
+
+
+async def _send_body(stream: ASGIStreamingResponse, receive: Receive, send: Send) -> None:
+    """Send the stream's pieces as the body, until its end or until the client is gone.
+
+    Litestar's own streaming runs the body in an anyio task group beside a task that waits for the disconnect; here
+    one plain task waits for it and the body is sent by the request's own task, which looks between two pieces
+    whether the client went away (a send to a gone client returns quietly, and one blocked on a stalled client
+    returns when the connection drops). The store's read in flight then ends its query (`storage.postgres`), and no
+    further part is read.
+    """
+
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    listener = asyncio.ensure_future(gone())
+    body = stream.iterator
+    try:
+        async for piece in body:
+            if listener.done():
+                return
+            event: HTTPResponseBodyEvent = {
+                "type": "http.response.body",
+                "body": piece if isinstance(piece, bytes) else piece.encode(),
+                "more_body": True,
+            }
+            await send(event)
+        end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": b"", "more_body": False}
+        await send(end)
+    finally:
+        listener.cancel()
+        if isinstance(body, AsyncGenerator):
+            await body.aclose()

@@ -38,13 +38,13 @@ from space.errors import (
     Unauthenticated,
 )
 from space.exports import access, service
-from space.exports.downloads import DownloadSlots, no_referrer_for_links, respond
+from space.exports.downloads import DownloadSlots, first_part, no_referrer_for_links, respond
 from space.exports.formats.archive import manifest_schema, manifest_v2_schema, snapshot_schema
 from space.exports.formats.lines import line_schema
 from space.exports.formats.registry import KINDS
 from space.exports.links import LinkGrant, LinkSigner
 from space.exports.schemas import Export, ExportCreate, ExportPage, Link, OrgExport
-from space.exports.storage.protocol import ResultStore
+from space.exports.storage.protocol import ResultKey, ResultStore
 from space.openapi import BEARER, LINK, Files, refusals
 from space.orgs.deps import MEMBER, MemberContext, parse_id, request_ip
 
@@ -321,13 +321,17 @@ class ExportController(Controller):
         """Download the result, authorized again now (SPEC §6), streamed from storage in a download slot; one byte
         range (206), If-Range, If-None-Match (304) and HEAD (SPEC §11)."""
         # A link token is no bearer token (those are looked up by hash) and a bearer token no link (not signed).
+        opening = None
         if link is None:
             found, org = await access.by_bearer(db.engine, request.headers.get("authorization"), org_id, export_id)
             if token is not None:
                 # Both at once is 400, but only once the bearer token checked out (else 401, as everywhere).
                 raise InvalidRequest("token: send a download link's token or an Authorization header, not both.")
         else:
-            found, org = await access.by_link(db.engine, link, ranged="range" in request.headers)
+            # A range's first part comes with the authorization, in its round trip (used only if it allows it).
+            key = ResultKey(link.org_id, link.export_id, link.execution_id)
+            opening = first_part(store, key, request)
+            found, org = await access.by_link(db.engine, link, ranged="range" in request.headers, opening=opening)
         user_id, ip = found.principal.user_id, request_ip(request)
         download = service.downloadable(
             org,
@@ -337,6 +341,7 @@ class ExportController(Controller):
             store,
             via="bearer" if link is None else "link",
             execution_id=None if link is None else link.execution_id,
+            opened=opening,
         )
 
         async def record(served: str | None, size: int | None, redirected: bool) -> None:

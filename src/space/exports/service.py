@@ -44,7 +44,7 @@ from space.exports.links import LinkGrant, LinkSigner
 from space.exports.models import FAILED_STATES, ExportJob, ExportScope, ExportState
 from space.exports.queue import enqueue_quietly
 from space.exports.schemas import Export, ExportCreate, ExportCreator, ExportPage, Link, OrgExport
-from space.exports.storage.protocol import Redirecting, ResultKey, ResultMissing, ResultStore
+from space.exports.storage.protocol import Opening, Opens, Redirecting, ResultKey, ResultMissing, ResultStore
 from space.orgs import service as orgs
 from space.orgs.models import Membership, Organization, OrgState, Role
 
@@ -451,11 +451,16 @@ class Download:
     key: ResultKey
     store: ResultStore
     via: DownloadVia = "bearer"
+    opened: Opening | None = None
+    """The first part of the range asked for, fetched by the authorization's round trip (`access.authorize`)."""
 
     def body(self, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
         """Bytes `start` to `end` (exclusive, default: the whole result) as they stream from storage, one part at
-        a time; a result that ends short of them aborts (ResultMissing)."""
+        a time (the first from `opened` when it is this read's); a result that ends short of them aborts
+        (ResultMissing)."""
         stop = self.byte_size if end is None else end
+        if self.opened is not None and isinstance(self.store, Opens):
+            return _checked(self.store.read(self.key, start, stop, opened=self.opened), stop - start)
         return _checked(self.store.read(self.key, start, stop), stop - start)
 
     async def redirect_url(self) -> str | None:
@@ -508,9 +513,11 @@ def downloadable(
     *,
     via: DownloadVia = "bearer",
     execution_id: uuid.UUID | None = None,
+    opened: Opening | None = None,
 ) -> Download:
     """`open_result`'s decision from rows already read (`access.authorize`, or `open_result`'s own): SPEC §6's
-    refusals in its order after the caller's own export was found (None: NotFound), else the stored bytes."""
+    refusals in its order after the caller's own export was found (None: NotFound), else the stored bytes (with
+    `opened`, their first part already read, if it is of this execution)."""
     if job is None:
         raise NotFound()
     if via == "link" and job.execution_id != execution_id:
@@ -533,7 +540,8 @@ def downloadable(
         raise ExportExpired("The export's result has expired.")
     assert job.execution_id is not None and job.byte_size is not None and job.sha256 is not None
     key = ResultKey(job.org_id, job.id, job.execution_id)
-    return Download(job.id, ExportKind(job.kind), job.byte_size, job.sha256, key, store, via)
+    opened = opened if opened is not None and opened.key == key else None
+    return Download(job.id, ExportKind(job.kind), job.byte_size, job.sha256, key, store, via, opened)
 
 
 async def create_link(

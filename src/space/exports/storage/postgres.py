@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, a
 from space.db import Tenant, UnitOfWork, driver_connection, read_in_one_trip, set_tenant, tenant_statement
 from space.exports import ledger
 from space.exports.models import ExportChunk
-from space.exports.storage.protocol import READ_PIECE_BYTES, ChunkSink, ResultKey, ResultMissing
+from space.exports.storage.protocol import READ_PIECE_BYTES, ChunkSink, Opening, ResultKey, ResultMissing
 
 READ_PART_BYTES = 1024 * 1024
 """A download reads at most this many bytes of a chunk per query: one part, all it holds at a time."""
@@ -252,9 +252,43 @@ class PgResultStore:
     async def aclose(self) -> None:
         """Nothing: the store uses the database's pool, which its owner disposes of."""
 
-    async def read(self, key: ResultKey, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+    def opening(self, key: ResultKey, start: int, end: int) -> Opening | None:
+        """The first part of `read(key, start, end)` as its statement, for another round trip to carry (the
+        authorization's); None when finding its chunk needs the chunk size, not yet read by this process."""
+        size = self._chunk_sizes.get(key) if start else 1
+        if size is None:
+            return None
+        seq, pos = divmod(start, size)
+        return Opening(key, start, end, _READ_PART, self._part(key, seq, pos, start, end, None))
+
+    def _part(
+        self, key: ResultKey, seq: int, pos: int, offset: int, end: int | None, packed: _Expanding | None
+    ) -> dict[str, Any]:
+        """The parameters of `_READ_PART` for the next part: of chunk `seq` from its byte `pos` (the read's byte
+        `offset`), `packed` its frame as far as it was read (None: this is the chunk's first part)."""
+        length = self._part_bytes if end is None else min(self._part_bytes, end - offset)
+        read_to = 0 if packed is None else packed.read
+        # A chunk's first part starting past its first block enters the frame at its block, if the chunk lists its
+        # blocks (0024); if not, the frame is read from its start, as before.
+        block = pos // BLOCK_BYTES if packed is None else -1  # -1: go on where the last part ended
+        # A packed chunk's frame expands from where it is entered: a range ending early in the chunk needs about as
+        # many of the frame's bytes as it expands to up to that end (LZ4 adds well under 1% to what it can't pack),
+        # not a whole part. The piece's size more is slack; a part that ran short is read on by the loop.
+        clen, stop = self._part_bytes, 0
+        if end is not None:
+            made = packed.made if packed is not None else block * BLOCK_BYTES
+            clen = min(clen, pos + (end - offset) - made + self._piece_bytes)
+            stop = (pos + (end - offset) - 1) // BLOCK_BYTES + 2  # 1-based: the block after the last byte's
+        return self._bound(
+            key, seq=seq, pos=pos + 1, len=length, cpos=read_to + 1, clen=clen, block=block + 1, stop=stop
+        )
+
+    async def read(
+        self, key: ResultKey, start: int = 0, end: int | None = None, opened: Opening | None = None
+    ) -> AsyncIterator[bytes]:
         """Bytes `start` to `end` of an execution, one part (at most `part_bytes` of one chunk) per short
-        transaction, the next part read only when the consumer has taken every piece of this one.
+        transaction, the next part read only when the consumer has taken every piece of this one; the first part
+        from `opened` when it holds this read's first part (fetched by the authorization's round trip).
 
         No read-ahead: the server hands a piece to the socket and asks for the next one while the kernel is still
         sending it, so a stalled client holds at most this part and the server's write buffer, and its database
@@ -268,34 +302,14 @@ class PgResultStore:
             seq, pos = divmod(start, await self._chunk_size(key, start))
         packed: _Expanding | None = None  # chunk `seq`'s frame as far as it was read, when it is packed
         while end is None or offset < end:
-            length = self._part_bytes if end is None else min(self._part_bytes, end - offset)
-            read_to = 0 if packed is None else packed.read
-            # A chunk's first part starting past its first block enters the frame at its block, if the chunk lists
-            # its blocks (0024); if not, the frame is read from its start, as before.
-            block = pos // BLOCK_BYTES if packed is None else -1  # -1: go on where the last part ended
-            # A packed chunk's frame expands from where it is entered: a range ending early in the chunk needs about
-            # as many of the frame's bytes as it expands to up to that end (LZ4 adds well under 1% to what it can't
-            # pack), not a whole part. The piece's size more is slack; a part that ran short is read on by the loop.
-            clen, stop = self._part_bytes, 0
-            if end is not None:
-                made = packed.made if packed is not None else block * BLOCK_BYTES
-                clen = min(clen, pos + (end - offset) - made + self._piece_bytes)
-                stop = (pos + (end - offset) - 1) // BLOCK_BYTES + 2  # 1-based: the block after the last byte's
-            rows = await _finished(
-                self._query(
-                    key,
-                    _READ_PART,
-                    seq=seq,
-                    pos=pos + 1,
-                    len=length,
-                    cpos=read_to + 1,
-                    clen=clen,
-                    block=block + 1,
-                    stop=stop,
-                )
-            )
+            bound = self._part(key, seq, pos, offset, end, packed)
+            read_to, clen, block = bound["cpos"] - 1, bound["clen"], bound["block"] - 1
+            if opened is not None and opened.rows is not None and opened.key == key and opened.params == bound:
+                rows, opened.rows = opened.rows, None
+            else:
+                rows = await _finished(self._query(_READ_PART, bound))
             if not rows:
-                if end is None and not await _finished(self._query(key, _LATER_CHUNK, seq=seq)):
+                if end is None and not await _finished(self._query(_LATER_CHUNK, self._bound(key, seq=seq))):
                     return
                 raise ResultMissing(f"chunk {seq} of export {key.export_id} is missing")
             chunk_size, codec, entered = int(rows[0][0]), rows[0][3], rows[0][4]
@@ -332,7 +346,7 @@ class PgResultStore:
         one is refused before it reads (and its parts would be missing)."""
         size = self._chunk_sizes.get(key)
         if size is None:
-            first = await _finished(self._query(key, _CHUNK_SIZE))
+            first = await _finished(self._query(_CHUNK_SIZE, self._bound(key)))
             if not first or not first[0][0]:
                 raise ResultMissing(f"export {key.export_id} has no stored byte {start}")
             size = self._chunk_sizes[key] = int(first[0][0])
@@ -340,23 +354,27 @@ class PgResultStore:
                 del self._chunk_sizes[next(iter(self._chunk_sizes))]  # the oldest
         return size
 
-    async def _query(self, key: ResultKey, query: str, **params: int) -> list[tuple[Any, ...]]:
-        """One read-only statement in its own short transaction under the org's context, rows in binary.
-
-        A download runs one per part, so the transaction is one round trip: BEGIN, the tenant setting (still
-        transaction-local), the query and COMMIT go out as one psycopg pipeline. Through a unit of work they
-        would be four round trips and about a quarter more of the API's CPU per part; nothing here writes, so
-        there is nothing for a unit of work to commit.
-        """
-        bound = {
+    def _bound(self, key: ResultKey, **params: int) -> dict[str, Any]:
+        """A statement's parameters: the execution's key, the piece size and `params`."""
+        return {
             "org": key.org_id,
             "export": key.export_id,
             "execution": key.execution_id,
             "piece": self._piece_bytes,
             **params,
         }
+
+    async def _query(self, query: str, bound: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """One read-only statement in its own short transaction under the org's context (`bound["org"]`), rows in
+        binary.
+
+        A download runs one per part, so the transaction is one round trip: BEGIN, the tenant setting (still
+        transaction-local), the query and COMMIT go out as one psycopg pipeline. Through a unit of work they
+        would be four round trips and about a quarter more of the API's CPU per part; nothing here writes, so
+        there is nothing for a unit of work to commit.
+        """
         engine: AsyncEngine = self._sessionmaker.kw["bind"]
-        tenant_sql, tenant_params = tenant_statement(engine.dialect, Tenant(org_id=key.org_id))
+        tenant_sql, tenant_params = tenant_statement(engine.dialect, Tenant(org_id=bound["org"]))
         async with engine.connect() as pooled:
             conn = await driver_connection(pooled)
             # Binary: the bytes come as they are stored, not as hex text twice their size.

@@ -10,7 +10,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 READ_PIECE_BYTES = 128 * 1024
 """A download hands the server its bytes in pieces of at most this size (rows of a part in `PgResultStore.read`,
@@ -89,4 +89,34 @@ class Redirecting(Protocol):
 
     async def presign(self, key: ResultKey, *, filename: str, media_type: str) -> str:
         """A URL that GETs the execution's bytes for a short while, with these response headers."""
+        ...
+
+
+@dataclass
+class Opening:
+    """The first part of a read of bytes `start` to `end`, as one statement that another round trip can carry (the
+    authorization's: `exports.access`), and its rows once it ran. Only the read it was made for uses them; any
+    other read, or one whose first part turned out different, reads its own."""
+
+    key: ResultKey
+    start: int
+    end: int
+    statement: str
+    params: dict[str, Any]
+    rows: list[tuple[Any, ...]] | None = None
+
+
+@runtime_checkable
+class Opens(Protocol):
+    """A store whose reads can begin with rows fetched beforehand (`Opening`)."""
+
+    def opening(self, key: ResultKey, start: int, end: int) -> Opening | None:
+        """The first part of `read(key, start, end)` as a statement, when it is known without asking the database
+        (else None)."""
+        ...
+
+    def read(
+        self, key: ResultKey, start: int = 0, end: int | None = None, opened: Opening | None = None
+    ) -> AsyncIterator[bytes]:
+        """`ResultStore.read`, beginning with the rows of `opened` when they are its first part."""
         ...
