@@ -58,7 +58,7 @@ CREATE INDEX personal_notifications_unread_idx ON personal_notifications (user_i
 CREATE INDEX personal_notifications_due_idx ON personal_notifications (next_attempt_at)
   WHERE channel = 'email' AND state IN ('pending', 'sending');
 
-GRANT SELECT, INSERT, DELETE ON personal_notifications TO space_app;
+GRANT SELECT, INSERT ON personal_notifications TO space_app;
 GRANT UPDATE (read_at, state, attempts, next_attempt_at, lease_expires_at, finished_at, last_error)
   ON personal_notifications TO space_app;
 ALTER TABLE personal_notifications ENABLE ROW LEVEL SECURITY;

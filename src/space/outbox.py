@@ -41,7 +41,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from space.db import Database, UnitOfWork
 from space.db.base import created_at
-from space.db.locks import lock_org_outbound
+from space.db.locks import lock_org_outbound, lock_user_outbound
 from space.queue import put_back
 
 AnyRow = Row[*tuple[Any, ...]]
@@ -210,15 +210,18 @@ class Outbox:
     ) -> AnyRow | None:
         """Take the row's next attempt: its attempt number, then `columns`; None when it is done, deleted, or another
         worker has it. A row whose last attempt's worker died is failed instead. Raises OrgBusy, and changes nothing,
-        while the org has `org_concurrency` attempts in flight over every registered channel (an org's row only).
+        while the org has `org_concurrency` attempts in flight over every registered channel (for a row of no org,
+        its user over the channels of such rows).
 
         The session's tenant must be the org's (the user's, for a row of no org); the caller's transaction commits
         the claim before anything is sent.
         """
         t = self.table
+        # The scope's claims queue here, so two of them can't both count room for one more.
         if self.org_capped:
-            # The org's claims queue here, so two of them can't both count room for one more.
             await lock_org_outbound(session, scope_id)
+        else:
+            await lock_user_outbound(session, scope_id)
         this_row = self.this_row(row_id, scope_id)
         # SKIP LOCKED: a row held by another transaction (another claim, a settle, its endpoint's deletion) is
         # that one's business; this claim takes nothing rather than waiting behind it.
@@ -238,8 +241,10 @@ class Outbox:
                 .execution_options(synchronize_session=False)
             )
             return None
-        if self.org_capped and await in_flight(session, scope_id) >= org_concurrency:
-            raise OrgBusy(f"org {scope_id} has {org_concurrency} outbound attempts in flight")
+        if await in_flight(session, scope_id, self.scope) >= org_concurrency:
+            raise OrgBusy(
+                f"{self.scope.removesuffix('_id')} {scope_id} has {org_concurrency} outbound attempts in flight"
+            )
         row = (
             await session.execute(
                 update(t)
@@ -320,11 +325,12 @@ def registered() -> tuple[Outbox, ...]:
     return tuple(_REGISTRY.values())
 
 
-async def in_flight(session: AsyncSession, org_id: uuid.UUID) -> int:
+async def in_flight(session: AsyncSession, org_id: uuid.UUID, scope: str = ORG_SCOPE) -> int:
     """The org's attempts in flight over every registered channel: rows `sending` whose lease has not run out.
+    With `scope` "user_id", a person's over the channels of rows of no org (capped like an org's: SPEC §25's lane
+    is not one person's either).
 
-    A plain count under the org's tenant context (RLS shows it the org's own rows, all it needs). A channel of
-    rows that have no org is not counted.
+    A plain count under the scope's tenant context (RLS shows it its own rows, all it needs).
     """
     counts = [
         select(func.count())
@@ -336,7 +342,7 @@ async def in_flight(session: AsyncSession, org_id: uuid.UUID) -> int:
         )
         .scalar_subquery()
         for o in registered()
-        if o.org_capped
+        if o.scope == scope
     ]
     if not counts:
         return 0

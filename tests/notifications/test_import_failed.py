@@ -26,7 +26,9 @@ from space.imports.running import run_import
 from space.notifications import service, words
 from space.notifications.jobs import sweep_emails_job
 from space.notifications.models import NotificationType
+from space.notifications.outbox import PERSONAL_EMAILS
 from space.notifications.sending import send_personal_email
+from space.outbox import OrgBusy, in_flight
 from space.queue import open_outbound_queue
 from tests.exports.fixtures import add_tickets, in_process_worker, tuned, uid, wait_for
 from tests.helpers import Api, TestUser, UserFactory, assert_problem
@@ -176,13 +178,14 @@ async def test_a_broken_archive_tells_its_importer_alone_who_reads_it_one_or_all
     assert await _listed(api, other) == {"items": [], "next": None, "unread": 0}
 
 
-async def test_a_failed_dry_run_says_it_was_a_check(api: Api, db: Database, settings: Settings) -> None:
+async def test_a_dry_run_tells_nobody_either_way(api: Api, db: Database, settings: Settings) -> None:
+    """A dry run writes nothing (SPEC §23), a notification included: its answer is its report, on the page that
+    asked; neither a failed check nor a passed one is told."""
     importer = await api.users.make("checker")
     r = await _post(api, importer, b"PK\x03\x04 not really", "name=Checked&dryRun=true")
     assert r.status_code == 202, r.text
     assert await run_import(settings, db, None, uid(r.json()["id"]), importer.id) == "failed"
-    (item,) = (await _listed(api, importer))["items"]
-    assert item["title"] == "Your archive could not be checked as Checked: the file is not a valid archive"
+    assert await _listed(api, importer) == {"items": [], "next": None, "unread": 0}
 
 
 # --- by email ----------------------------------------------------------------------------------------------------
@@ -259,6 +262,37 @@ async def test_with_the_preference_off_it_is_skipped_and_nothing_is_sent(
     assert smtp.recorder.tried(plain.email) == []
 
 
+async def test_one_persons_emails_hold_at_most_the_outbound_cap(
+    mapi: Api, db: Database, mail: Settings, owner: psycopg.Connection[Any]
+) -> None:
+    """SPEC §25's lane is no one person's either: a user's emails of no org in flight are capped like an org's
+    attempts (SPACE_OUTBOUND_ORG_CONCURRENCY), and one user at the cap does not hold up another."""
+    importer, other = await mapi.users.make("many"), await mapi.users.make("other")
+    rows = []
+    for n in range(3):
+        import_id = await _failed(mapi, db, mail, importer, b"PK\x03\x04 not really", f"Many {n}")
+        rows.append(_email_row(owner, import_id)[0])
+    other_row = _email_row(owner, await _failed(mapi, db, mail, other, b"PK\x03\x04 not really", "Other"))[0]
+
+    async def claim(user: TestUser, row_id: uuid.UUID) -> Any:
+        async with UnitOfWork(db.sessionmaker, Tenant(user_id=user.id)) as uow:
+            return await PERSONAL_EMAILS.claim(uow.session, row_id, user.id, org_concurrency=2)
+
+    assert (await claim(importer, rows[0]))[0] == 1 and (await claim(importer, rows[1]))[0] == 1
+    with pytest.raises(OrgBusy):
+        await claim(importer, rows[2])
+    assert _email_row_by_id(owner, rows[2]) == ("pending", 0)
+    async with UnitOfWork(db.sessionmaker, Tenant(user_id=importer.id)) as uow:
+        assert await in_flight(uow.session, importer.id, PERSONAL_EMAILS.scope) == 2
+    assert (await claim(other, other_row))[0] == 1
+
+
+def _email_row_by_id(owner: psycopg.Connection[Any], row_id: uuid.UUID) -> tuple[str, int]:
+    row = owner.execute("SELECT state, attempts FROM personal_notifications WHERE id = %s", (row_id,)).fetchone()
+    assert row is not None
+    return str(row[0]), int(row[1])
+
+
 async def test_the_sweeper_sends_a_personal_email_whose_enqueue_was_lost(
     mapi: Api, db: Database, mail: Settings, smtp: SmtpServer, owner: psycopg.Connection[Any]
 ) -> None:
@@ -270,6 +304,15 @@ async def test_the_sweeper_sends_a_personal_email_whose_enqueue_was_lost(
         "UPDATE personal_notifications SET next_attempt_at = now() - interval '2 minutes' WHERE id = %s",
         (notification_id,),
     )
+    # The sweeper's function names this overdue email row, and neither its in-app row nor a row already sent.
+    async with UnitOfWork(db.sessionmaker) as uow:
+        due = (await uow.session.execute(text("SELECT * FROM space_notifications_due_personal_emails(1000)"))).all()
+    app_row = owner.execute(
+        "SELECT id FROM personal_notifications WHERE import_id = %s AND channel = 'app'", (import_id,)
+    ).fetchone()
+    assert app_row is not None
+    due_ids = {row[0] for row in due}
+    assert notification_id in due_ids and app_row[0] not in due_ids
     queue = await open_outbound_queue(mail, db, application_name="space-tests-personal-sweeper")
     await queue.connect()
     try:

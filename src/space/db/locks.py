@@ -11,7 +11,7 @@
 - `lock_link_audit`: one download link's ranged requests, so "was one audited in the last minute" and the
   row that answers no are one step (two concurrent ranges of a link write one row).
 - `lock_org_outbound`: an org's outbound claims (`space.outbox`, every channel), so counting its attempts in
-  flight and claiming one more is atomic.
+  flight and claiming one more is atomic; `lock_user_outbound` the same for a person's rows of no org.
 
 All use PostgreSQL's two-key form (`pg_advisory_xact_lock(int, int)`) with a key space of their own as the
 first key (SAQ's Postgres queue uses key space 0), and end with the transaction.
@@ -32,6 +32,8 @@ LINK_AUDIT = 0x53500003
 """Key space of `lock_link_audit`."""
 ORG_OUTBOUND = 0x53500004
 """Key space of `lock_org_outbound`."""
+USER_OUTBOUND = 0x53500005
+"""Key space of `lock_user_outbound`."""
 
 # hashtext maps the id onto the second int4 key; two ids that collide only share a lock, which is safe.
 _LOCK = "SELECT pg_advisory_xact_lock({space}, hashtext(:id))"
@@ -55,3 +57,8 @@ async def lock_link_audit(session: AsyncSession, link_id: str) -> None:
 async def lock_org_outbound(session: AsyncSession, org_id: uuid.UUID) -> None:
     """Wait for, then hold until commit, the lock over this org's outbound claims (every outbox channel)."""
     await session.execute(text(_LOCK.format(space=ORG_OUTBOUND)), {"id": str(org_id)})
+
+
+async def lock_user_outbound(session: AsyncSession, user_id: uuid.UUID) -> None:
+    """Wait for, then hold until commit, the lock over this user's outbound claims of rows of no org."""
+    await session.execute(text(_LOCK.format(space=USER_OUTBOUND)), {"id": str(user_id)})

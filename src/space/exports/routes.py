@@ -178,7 +178,7 @@ LinkToken = Annotated[
 
 def provide_link(
     request: Request[Any, Any, Any],
-    signer: NamedDependency[LinkSigner],
+    state: State,
     org_id: FromPath[str],
     export_id: FromPath[str],
     token: LinkToken = None,
@@ -189,7 +189,7 @@ def provide_link(
     """
     if token is None or "authorization" in request.headers:
         return None  # a bearer request; with a `token=` as well, refused once the bearer token is known
-    return signer.verify(token, org_id, export_id)
+    return provide_signer(state).verify(token, org_id, export_id)
 
 
 class ExportController(Controller):
@@ -310,16 +310,17 @@ class ExportController(Controller):
     async def result(
         self,
         request: Request[Any, Any, Any],
+        state: State,
         org_id: FromPath[str],
         export_id: FromPath[str],
-        store: NamedDependency[ResultStore],
-        slots: NamedDependency[DownloadSlots],
         link: NamedDependency[LinkGrant | None],
-        db: NamedDependency[Database],
         token: LinkToken = None,
     ) -> Response[Any]:
         """Download the result, authorized again now (SPEC §6), streamed from storage in a download slot; one byte
         range (206), If-Range, If-None-Match (304) and HEAD (SPEC §11)."""
+        # The app's store, slots and database from its state, not as dependencies: Litestar resolves a batch of
+        # several dependencies in an anyio task group, a task each, at every range of every download (0104).
+        store, slots, db = provide_store(state), provide_download_slots(state), provide_db(state)
         # A link token is no bearer token (those are looked up by hash) and a bearer token no link (not signed).
         opening = None
         if link is None:

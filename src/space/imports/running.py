@@ -142,9 +142,12 @@ async def _fail(
     log.info("import %s failed: %s", import_id, code)
     assert tenant.user_id is not None
     async with UnitOfWork(db.sessionmaker, tenant) as uow:
-        await uow.session.execute(
+        # Only a run still in charge ends it: a second run of the same import (a retry after a stall) that finds
+        # it ended changes nothing and tells nobody again.
+        ended = await uow.session.execute(
             update(Import)
-            .where(Import.user_id == tenant.user_id, Import.id == import_id)
+            .where(Import.user_id == tenant.user_id, Import.id == import_id, Import.state == ImportState.running.value)
+            .returning(Import.id)
             .values(
                 state=ImportState.failed.value,
                 phase=None,
@@ -154,9 +157,10 @@ async def _fail(
             )
         )
         # Told in the transaction that fails it; the email says the code in words, never `detail` (it may quote
-        # the archive).
-        await notifications.import_failed(
-            uow, queue, user_id=tenant.user_id, import_id=import_id, name=name, error_code=code, dry_run=dry_run
-        )
+        # the archive). A dry run tells nobody: it writes nothing, and its report is the answer.
+        if ended.first() is not None and not dry_run:
+            await notifications.import_failed(
+                uow, queue, user_id=tenant.user_id, import_id=import_id, name=name, error_code=code
+            )
         await upload.drop(uow.session, tenant.user_id, import_id)
     discard(path)

@@ -22,8 +22,10 @@ async def send_email_job(ctx: Any, *, notification_id: str, org_id: str) -> str:
     return await send_email(ctx["settings"], ctx["db"], queue, uuid.UUID(notification_id), uuid.UUID(org_id))
 
 
+@deferring
 async def send_personal_email_job(ctx: Any, *, notification_id: str, user_id: str) -> str:
-    """SAQ job: make the next attempt of the email of a user's own notification (no org, so no org's cap)."""
+    """SAQ job: make the next attempt of the email of a user's own notification; at the user's outbound cap (one
+    person's emails hold no more of the lane than one org's), it goes back on the queue a little later."""
     worker = ctx.get("worker")
     queue = worker.queue if worker is not None else None
     return await send_personal_email(ctx["settings"], ctx["db"], queue, uuid.UUID(notification_id), uuid.UUID(user_id))

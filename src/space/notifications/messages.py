@@ -62,11 +62,10 @@ def schedule_paused_title(kind: str, org_name: str, reason: str) -> str:
     return f"A schedule of {words.kind(kind)} exports in {org_name} was paused: {why}"
 
 
-def import_failed_title(name: str, error_code: str, *, dry_run: bool = False) -> str:
-    """ "Your archive could not be restored as Acme: the file is not a valid archive" (a dry run: checked)."""
+def import_failed_title(name: str, error_code: str) -> str:
+    """ "Your archive could not be restored as Acme: the file is not a valid archive"."""
     why = IMPORT_FAILED_SHORT.get(error_code, f"it stopped ({error_code})")
-    what = "checked" if dry_run else "restored"
-    return f"Your archive could not be {what} as {name}: {why}"
+    return f"Your archive could not be restored as {name}: {why}"
 
 
 # --- the email, built when it is sent -----------------------------------------------------------------------

@@ -213,7 +213,6 @@ async def import_failed(
     import_id: uuid.UUID,
     name: str,
     error_code: str,
-    dry_run: bool = False,
 ) -> int:
     """Tell the importer their archive could not be restored (SPEC §19, §23): their own rows, as no org exists.
     The details hold the error code only: the import's `errorDetail` may quote the archive."""
@@ -221,7 +220,7 @@ async def import_failed(
         type=NotificationType.import_failed,
         org_id=None,
         recipients=[user_id],
-        title=messages.import_failed_title(name, error_code, dry_run=dry_run),
+        title=messages.import_failed_title(name, error_code),
         details={"errorCode": error_code},
         import_id=import_id,
     )

@@ -59,9 +59,10 @@ export function report(imp) {
   return `${imp.name} was restored: ${counts}. ${people}${mapped ? ` ${some(mapped, "id")} given new ones.` : ""} ${verified}`;
 }
 
-async function follow(id, bar, slot, done) {
+async function follow(id, bar, slot, done, still = () => true) {
   for (;;) {
     const { body } = await call("GET", `/imports/${encodeURIComponent(id)}`);
+    if (!still()) return; // the page went elsewhere meanwhile: this answer is no longer shown
     bar.value = body.progress;
     if (body.state === "completed" || body.state === "failed") return done(body);
     slot.textContent = `${PHASES[body.phase] || "Waiting for a worker"}… ${body.progress}%`;
@@ -83,7 +84,7 @@ export async function show(id, generation) {
     const ended = (imp) => answer(slot, report(imp), imp.state === "failed");
     if (body.state === "completed" || body.state === "failed") return ended(body);
     bar.hidden = false;
-    await follow(id, bar, slot, ended);
+    await follow(id, bar, slot, ended, () => current(generation));
   } catch (error) {
     if (!current(generation)) return;
     if (error instanceof ApiError && error.code === "unauthenticated") return hooks.expired(error);
