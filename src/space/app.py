@@ -29,7 +29,7 @@ from space.exports.routes import (
 from space.exports.storage.factory import open_result_store
 from space.imports.routes import ImportController
 from space.notifications.routes import MeController
-from space.observability.requests import HTTP_METRICS, request_ids
+from space.observability.requests import http_metrics, request_ids
 from space.openapi import BEARER, SECURITY_SCHEMES, InputSchemas, allow_every_method, complete_document
 from space.orgs.routes import router as orgs_router
 from space.problems import EXCEPTION_HANDLERS, refuse_unreadable_paths
@@ -131,7 +131,7 @@ def create_app(settings: Settings) -> Litestar:
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,
         # Counted before authentication, so refusals (401) are counted too.
-        middleware=[HTTP_METRICS.middleware, AUTHENTICATION],
+        middleware=[http_metrics, AUTHENTICATION],
         # Logging is set up once per process (space.observability.logs), not by each app.
         logging_config=None,
         lifespan=[lifespan],
