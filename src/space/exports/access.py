@@ -130,8 +130,12 @@ def _compiled(dialect: Dialect, by_link: bool, with_delivery: bool) -> tuple[str
 
 
 def _entity(cls: type[Any], attributes: list[tuple[Any, str]], values: Any) -> Any:
-    """A transient instance of the model (read only: it is in no session)."""
-    return cls(**{name: value for (_, name), value in zip(attributes, values, strict=True)})
+    """A transient instance of the model (read only: it is in no session), its values put straight into the
+    instance's dictionary as the ORM's own loading puts a row's: the constructor would set each attribute through
+    its instrumentation (about 35 µs for an export row, 2 µs so; decision 0104)."""
+    instance = inspect(cls).class_manager.new_instance()
+    instance.__dict__.update(zip((name for _, name in attributes), values, strict=True))
+    return instance
 
 
 async def authorize(
