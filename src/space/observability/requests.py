@@ -106,7 +106,8 @@ def http_metrics(app: ASGIApp) -> ASGIApp:
         if scope["type"] != ScopeType.HTTP or scope["path"] == "/metrics":
             await app(scope, receive, send)
             return
-        method, path = scope["method"], scope.get("path_template", scope["path"])
+        # The route's template (set by the router, which runs this inside a matched route): never the path itself.
+        method, path = scope["method"], scope.get("path_template", "")
         status = 200
 
         async def send_status(message: Message) -> None:
