@@ -17,6 +17,9 @@ from aiosmtpd.controller import Controller
 
 from tests.helpers import free_port
 
+PUBLIC = "https://space.example.test"
+"""SPACE_PUBLIC_URL of the emailing tests: what every link in their emails starts with."""
+
 
 @dataclass(frozen=True)
 class Received:

@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
-import pytest
-from litestar.testing import AsyncTestClient
 from saq import Job
 
-from space.app import create_app
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.exports.pipeline import run_export
@@ -36,39 +32,11 @@ from tests.exports.fixtures import (
     wait_for,
     wait_state,
 )
-from tests.helpers import Api, Org, TestUser, UserFactory, free_port
-from tests.notifications.smtp_server import Received, SmtpServer, smtp_server
+from tests.helpers import Api, Org, TestUser, free_port
+from tests.notifications.smtp_server import PUBLIC, Received, SmtpServer
 
-PUBLIC = "https://space.example.test"
 TICKET_TEXT = "Payroll of the whole company, do not leak"
 SEARCH = "Payroll"
-
-
-@pytest.fixture(scope="module")
-def smtp() -> Iterator[SmtpServer]:
-    """This module's SMTP server."""
-    with smtp_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def mail(settings: Settings, smtp: SmtpServer) -> Settings:
-    """Settings that email through the module's server, retry at once, and link to PUBLIC. More worker slots:
-    entries other modules left in the shared queue must not keep this module's emails waiting."""
-    return tuned(settings, smtp_url=smtp.url, public_url=PUBLIC, mail_retry_seconds=0, worker_concurrency=4)
-
-
-@pytest.fixture(scope="module")
-async def mail_client(mail: Settings) -> AsyncIterator[AsyncTestClient]:  # type: ignore[type-arg]
-    """The real app built with `mail`."""
-    async with AsyncTestClient(app=create_app(mail)) as c:
-        yield c
-
-
-@pytest.fixture
-def mapi(mail_client: AsyncTestClient, users: UserFactory) -> Api:  # type: ignore[type-arg]
-    """API caller against the emailing app."""
-    return Api(mail_client, users)
 
 
 async def received(smtp: SmtpServer, user: TestUser, n: int = 1) -> list[Received]:

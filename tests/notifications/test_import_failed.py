@@ -10,16 +10,13 @@ from __future__ import annotations
 import io
 import uuid
 import zipfile
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from space.app import create_app
 from space.config import Settings
 from space.db import Database, Tenant, UnitOfWork
 from space.imports.running import run_import
@@ -30,42 +27,15 @@ from space.notifications.outbox import PERSONAL_EMAILS
 from space.notifications.sending import send_personal_email
 from space.outbox import OrgBusy, in_flight
 from space.queue import open_outbound_queue
-from tests.exports.fixtures import add_tickets, in_process_worker, tuned, uid, wait_for
-from tests.helpers import Api, TestUser, UserFactory, assert_problem
+from tests.exports.fixtures import add_tickets, in_process_worker, uid, wait_for
+from tests.helpers import Api, TestUser, assert_problem
 from tests.imports.test_restore import _archive, _post, _rebuild
-from tests.notifications.smtp_server import SmtpServer, smtp_server
+from tests.notifications.smtp_server import PUBLIC, SmtpServer
 
-PUBLIC = "https://space.example.test"
 SECRET_TITLE = "Payroll of the whole company, do not leak"
 SECRET_VALUE = "Payroll-Leak-7"
 """A value the broken line holds, which the import's errorDetail quotes and no email may."""
 ITEM_KEYS = {"id", "at", "type", "orgId", "importId", "title", "readAt"}
-
-
-@pytest.fixture(scope="module")
-def smtp() -> Iterator[SmtpServer]:
-    """This module's SMTP server."""
-    with smtp_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def mail(settings: Settings, smtp: SmtpServer) -> Settings:
-    """Settings that email through the module's server, retry at once, and link to PUBLIC."""
-    return tuned(settings, smtp_url=smtp.url, public_url=PUBLIC, mail_retry_seconds=0, worker_concurrency=4)
-
-
-@pytest.fixture(scope="module")
-async def mail_client(mail: Settings) -> AsyncIterator[AsyncTestClient]:  # type: ignore[type-arg]
-    """The real app built with `mail` (it enqueues imports and emails after its commits)."""
-    async with AsyncTestClient(app=create_app(mail)) as c:
-        yield c
-
-
-@pytest.fixture
-def mapi(mail_client: AsyncTestClient, users: UserFactory) -> Api:  # type: ignore[type-arg]
-    """API caller against the emailing app."""
-    return Api(mail_client, users)
 
 
 async def _archive_bytes(api: Api, db: Database, settings: Settings) -> bytes:
