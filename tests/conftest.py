@@ -21,6 +21,14 @@ from tests.exports.s3_fixtures import s3_server  # noqa: F401 (the session's S3 
 from tests.helpers import Api, OrgFactory, UserFactory, app_database, fresh_database
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with slow tests first, every module's tests in their own order: the two workers take whole files
+    (`--dist loadfile`), so a long file collected late runs alone at the end while the other worker idles; first,
+    the short ones fill in beside it."""
+    slow = {item.nodeid.partition("::")[0] for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.nodeid.partition("::")[0] not in slow)
+
+
 @contextlib.contextmanager
 def _server() -> Iterator[str]:
     url = os.environ.get("SPACE_TEST_DATABASE_URL")
