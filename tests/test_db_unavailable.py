@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from space.app import create_app
 from space.config import Settings
 from space.db import APP_ROLE
-from tests.exports.fixtures import tuned
+from tests.exports.fixtures import tuned, wait_for
 from tests.helpers import TestUser as Caller
 from tests.helpers import UserFactory, assert_problem
 
@@ -124,6 +124,14 @@ async def test_too_many_connections_for_the_role_answers_503(
                 finally:
                     for conn in others:
                         await conn.close()
+
+                # A closed connection's backend leaves a moment after its client: the role's slots are free again
+                # once the server no longer counts them (else the next connect races their exit).
+                async def slots_free() -> bool:
+                    row = owner.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (role,)).fetchone()
+                    return row is not None and int(row[0]) < limit
+
+                await wait_for(slots_free, "the other connections' backends to exit")
             assert (await _me(client, user)).status_code == 200
 
 
