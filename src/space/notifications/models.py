@@ -56,18 +56,14 @@ SKIPPED = "skipped"
 """The state of an email row that was not sent, and never will be (`Skipped` says why)."""
 
 
-class Notification(Owed, Base):
-    """One event told to one person on one channel. For email, a row of the outbox (`Owed`); `status` is the
-    state as SPEC §19 names it (a pending row already tried reads `retrying`)."""
+class Told(Owed):
+    """What every notification row holds, an org's or a person's own: one event told to one person on one channel.
+    For email, a row of an outbox (`Owed`); `status` is the state as SPEC §19 names it (a pending row already tried
+    reads `retrying`)."""
 
-    __tablename__ = "notifications"
-    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"), primary_key=True)
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
-    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"))
     channel: Mapped[str]
     type: Mapped[str]
-    export_id: Mapped[uuid.UUID | None]
-    schedule_id: Mapped[uuid.UUID | None]
     import_id: Mapped[uuid.UUID | None]
     title: Mapped[str]
     details: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
@@ -80,26 +76,22 @@ class Notification(Owed, Base):
     created_at: Mapped[dt.datetime] = created_at()
 
 
-class PersonalNotification(Owed, Base):
-    """One event of no org told to one person on one channel (`import.failed`): a `Notification` keyed by its
-    user instead of an org, the user's own row (RLS on app.user_id, like `imports`); for email, a row of the
-    outbox `outbox.PERSONAL_EMAILS`."""
+class Notification(Told, Base):
+    """An org's event told to one of its people (migration 0018)."""
+
+    __tablename__ = "notifications"
+    org_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("organizations.id"), primary_key=True)
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"))
+    export_id: Mapped[uuid.UUID | None]
+    schedule_id: Mapped[uuid.UUID | None]
+
+
+class PersonalNotification(Told, Base):
+    """An event of no org told to one person (`import.failed`): keyed by its user instead of an org, the user's
+    own row (RLS on app.user_id, like `imports`; migration 0025); for email, a row of `outbox.PERSONAL_EMAILS`."""
 
     __tablename__ = "personal_notifications"
     user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
-    channel: Mapped[str]
-    type: Mapped[str]
-    import_id: Mapped[uuid.UUID | None]
-    title: Mapped[str]
-    details: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
-    """What the email says beyond the title: the error code (never the archive's content)."""
-    read_at: Mapped[dt.datetime | None]
-    status: Mapped[str] = mapped_column(
-        Computed("CASE WHEN state = 'pending' AND attempts > 0 THEN 'retrying' ELSE state END")
-    )
-    last_error: Mapped[str | None]
-    created_at: Mapped[dt.datetime] = created_at()
 
 
 class NotificationPreference(Base):

@@ -17,6 +17,7 @@ import email.errors
 import logging
 import uuid
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from saq import Queue
 from sqlalchemy import select, text, update
@@ -34,6 +35,13 @@ from space.orgs import service as orgs
 from space.outbox import Outbox
 
 log = logging.getLogger("space.notifications")
+
+
+class Recipient(NamedTuple):
+    """Who an email goes to, read when it is sent."""
+
+    name: str
+    email: str
 
 
 @dataclass(frozen=True)
@@ -107,15 +115,11 @@ async def claim(settings: Settings, db: Database, notification_id: uuid.UUID, or
         attempt, user_id, type_, export_id, title, details, created_at = row
         # The recipient's own context: their preferences are theirs to read (migration 0018).
         await uow.retenant(Tenant(org_id=org_id, user_id=user_id))
-        reason = await _why_not(settings, session, org_id, user_id, type_)
-        if reason is not None:
-            await _skip(session, EMAILS, notification_id, org_id, attempt, reason)
-        else:
-            user = (await session.execute(select(User.name, User.email).where(User.id == user_id))).one()
+        user = await _recipient(settings, session, EMAILS, notification_id, org_id, org_id, user_id, attempt, type_)
+        if not isinstance(user, Skipped):
             org_name = await orgs.org_name(session, org_id)
-    if reason is not None:
-        log.info("email %s to user %s skipped: %s", notification_id, user_id, reason.value)
-        return SKIPPED
+    if isinstance(user, Skipped):
+        return _skipped(EMAILS, notification_id, user_id, user)
     letter = Letter(
         notification_id=notification_id,
         type=NotificationType(type_),
@@ -155,14 +159,11 @@ async def claim_personal(
         if row is None:
             return "not_claimed"
         attempt, type_, import_id, title, details, created_at = row
-        reason = await _why_not(settings, session, None, user_id, type_)
-        if reason is not None:
-            await _skip(session, PERSONAL_EMAILS, notification_id, user_id, attempt, reason)
-        else:
-            user = (await session.execute(select(User.name, User.email).where(User.id == user_id))).one()
-    if reason is not None:
-        log.info("personal email %s to user %s skipped: %s", notification_id, user_id, reason.value)
-        return SKIPPED
+        user = await _recipient(
+            settings, session, PERSONAL_EMAILS, notification_id, user_id, None, user_id, attempt, type_
+        )
+    if isinstance(user, Skipped):
+        return _skipped(PERSONAL_EMAILS, notification_id, user_id, user)
     letter = Letter(
         notification_id=notification_id,
         type=NotificationType(type_),
@@ -177,6 +178,33 @@ async def claim_personal(
         import_id=import_id,
     )
     return Claimed(notification_id, user_id, user_id, attempt, letter, box=PERSONAL_EMAILS, tenant=tenant)
+
+
+async def _recipient(
+    settings: Settings,
+    session: AsyncSession,
+    box: Outbox,
+    notification_id: uuid.UUID,
+    scope_id: uuid.UUID,
+    org_id: uuid.UUID | None,
+    user_id: uuid.UUID,
+    attempt: int,
+    type_: str,
+) -> Recipient | Skipped:
+    """The recipient's name and email when the email is still to go; else why not, the row settled `skipped` in
+    the claim's transaction."""
+    reason = await _why_not(settings, session, org_id, user_id, type_)
+    if reason is not None:
+        await _skip(session, box, notification_id, scope_id, attempt, reason)
+        return reason
+    name, email = (await session.execute(select(User.name, User.email).where(User.id == user_id))).one()
+    return Recipient(name, email)
+
+
+def _skipped(box: Outbox, notification_id: uuid.UUID, user_id: uuid.UUID, reason: Skipped) -> str:
+    """Say (once the claim's transaction committed) that an email was skipped, and why."""
+    log.info("%s %s to user %s skipped: %s", box.noun, notification_id, user_id, reason.value)
+    return SKIPPED
 
 
 async def _why_not(

@@ -34,6 +34,7 @@ from space.notifications.models import (
     NotificationPreference,
     NotificationType,
     PersonalNotification,
+    Told,
 )
 from space.notifications.outbox import EMAILS, PERSONAL_EMAILS
 from space.notifications.schemas import NotificationItem, NotificationPage, Preferences, PreferencesUpdate
@@ -67,43 +68,19 @@ async def notify(uow: UnitOfWork, queue: Queue | None, notice: Notice) -> int:
     recipients = list(dict.fromkeys(notice.recipients))
     if not recipients:
         return 0
+    table: type[Told]
     if notice.org_id is None:
-        return await _notify_personal(uow, queue, notice, recipients)
-    org_id = notice.org_id
+        if notice.export_id is not None or notice.schedule_id is not None:
+            raise ValueError("an event of no org names no export or schedule")
+        table, outbox, keys = PersonalNotification, PERSONAL_EMAILS, {}
+    else:
+        table, outbox = Notification, EMAILS
+        keys = {"org_id": notice.org_id, "export_id": notice.export_id, "schedule_id": notice.schedule_id}
 
-    def row(user_id: uuid.UUID, channel: Channel) -> Notification:
+    def row(user_id: uuid.UUID, channel: Channel) -> Told:
         # An in-app notification is delivered by being written.
         state = "delivered" if channel is Channel.app else "pending"
-        return Notification(
-            id=uuid.uuid4(),
-            org_id=org_id,
-            user_id=user_id,
-            channel=channel.value,
-            type=notice.type.value,
-            export_id=notice.export_id,
-            schedule_id=notice.schedule_id,
-            import_id=notice.import_id,
-            title=notice.title,
-            details=notice.details,
-            state=state,
-        )
-
-    # Whether an email goes is decided when it is sent (email on, still a member, that type still on), so each
-    # email row is owed whatever the preference says now.
-    uow.session.add_all([row(u, Channel.app) for u in recipients])
-    await EMAILS.owe(uow, queue, [row(u, Channel.email) for u in recipients])
-    return len(recipients)
-
-
-async def _notify_personal(
-    uow: UnitOfWork, queue: Queue | None, notice: Notice, recipients: Sequence[uuid.UUID]
-) -> int:
-    if notice.export_id is not None or notice.schedule_id is not None:
-        raise ValueError("an event of no org names no export or schedule")
-
-    def row(user_id: uuid.UUID, channel: Channel) -> PersonalNotification:
-        state = "delivered" if channel is Channel.app else "pending"
-        return PersonalNotification(
+        return table(
             id=uuid.uuid4(),
             user_id=user_id,
             channel=channel.value,
@@ -112,11 +89,13 @@ async def _notify_personal(
             title=notice.title,
             details=notice.details,
             state=state,
+            **keys,
         )
 
-    # As for an org's: whether the email goes is decided when it is sent (email on, that type still on).
+    # Whether an email goes is decided when it is sent (email on, still a member of the org if any, that type still
+    # on), so each email row is owed whatever the preference says now.
     uow.session.add_all([row(u, Channel.app) for u in recipients])
-    await PERSONAL_EMAILS.owe(uow, queue, [row(u, Channel.email) for u in recipients])
+    await outbox.owe(uow, queue, [row(u, Channel.email) for u in recipients])
     return len(recipients)
 
 
