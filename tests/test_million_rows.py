@@ -184,7 +184,7 @@ async def test_a_million_row_archive_keeps_the_worker_memory_flat(million: Milli
         key = ResultKey(uid(big_id), job.id, job.execution_id)
         path = tmp_path / "big.zip"
         with path.open("wb") as f:
-            async for part in PgResultStore(db.sessionmaker).read(key):
+            async for part in PgResultStore(db).read(key):
                 f.write(part)
     assert path.stat().st_size == done["byteSize"]
     with zipfile.ZipFile(path) as archive:
@@ -243,7 +243,7 @@ async def test_a_million_row_workbook_keeps_the_worker_memory_flat(million: Mill
         key = ResultKey(uid(big_id), job.id, job.execution_id)
         path = tmp_path / "big.xlsx"
         with path.open("wb") as f:
-            async for part in PgResultStore(db.sessionmaker).read(key):
+            async for part in PgResultStore(db).read(key):
                 f.write(part)
     assert path.stat().st_size == done["byteSize"]
     with zipfile.ZipFile(path) as book:

@@ -387,7 +387,7 @@ class SpaceModel(RuleBasedStateMachine):
 
     def run_cleanup(self, data: st.DataObject) -> None:
         """The cleanup job: expired results lose their bytes; the answers stay the same."""
-        self.run(cleanup(self.world.db, PgResultStore(self.world.db.sessionmaker)))
+        self.run(cleanup(self.world.db, PgResultStore(self.world.db)))
 
     def download_refusal(self, who: str, export: ExportModel) -> tuple[int, str] | None:
         """SPEC §6, in its order; None when the download is allowed."""

@@ -58,9 +58,7 @@ async def _deliver_pending(local: Settings, db: Database, org: Org) -> str:
             )
         ).scalar_one()
     sealer = await load_sealer(local, db.engine)
-    outcome: str = await deliver(
-        local, db, PgResultStore(db.sessionmaker), sealer, None, delivery_id, uuid.UUID(org.id)
-    )
+    outcome: str = await deliver(local, db, PgResultStore(db), sealer, None, delivery_id, uuid.UUID(org.id))
     return outcome
 
 

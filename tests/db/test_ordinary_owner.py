@@ -97,7 +97,7 @@ def test_the_owner_is_ordinary(ordinary_url: str) -> None:
 async def test_cleanup_reconciler_and_purge_find_rows_of_every_org(ordinary_url: str) -> None:
     settings = load_settings({}, database_url=ordinary_url, deletion_grace_seconds=0)
     async with _app(settings) as (api, db):
-        results = PgResultStore(db.sessionmaker)
+        results = PgResultStore(db)
         orgs: list[Org] = [await api.org("Acme"), await api.org("Acme")]
         queued: dict[str, str] = {}
         expired: dict[str, str] = {}

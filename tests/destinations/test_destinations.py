@@ -173,7 +173,7 @@ async def test_credentials_that_break_later_fail_the_delivery_at_once(
     assert r.status_code == 202, r.text
     delivery_id, _ = await _only_delivery(db, org)
     sealer = await load_sealer(local, db.engine)
-    result = await deliver(local, db, PgResultStore(db.sessionmaker), sealer, None, delivery_id, uuid.UUID(org.id))
+    result = await deliver(local, db, PgResultStore(db), sealer, None, delivery_id, uuid.UUID(org.id))
     # A 4xx is the customer's configuration: no second attempt.
     assert result == "failed"
     failed = await delivery_of(api, org, export_id, {"failed"})

@@ -47,7 +47,7 @@ async def _deliver(db: Database, local: Settings, org: Org, export_id: str) -> s
         )
     assert delivery_id is not None, "the publish owed a delivery to the schedule's destination"
     sealer = await load_sealer(local, db.engine)
-    return await deliver(local, db, PgResultStore(db.sessionmaker), sealer, None, delivery_id, uuid.UUID(org.id))
+    return await deliver(local, db, PgResultStore(db), sealer, None, delivery_id, uuid.UUID(org.id))
 
 
 async def test_a_scheduled_run_lands_under_its_schedule_and_a_refused_one_pauses_the_schedule(

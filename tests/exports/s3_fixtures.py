@@ -146,7 +146,7 @@ def s3_settings(settings: Settings, **overrides: Any) -> Settings:
 def store_for(settings: Settings, db: Database) -> ResultStore:
     """The store `settings` name: the database's chunks, or the session's S3 store for that bucket and prefix."""
     if not settings.result_store.startswith("s3://"):
-        return PgResultStore(db.sessionmaker)
+        return PgResultStore(db)
     store = _STORES.get(settings.result_store)
     if store is None:
         store = _STORES[settings.result_store] = S3ResultStore(

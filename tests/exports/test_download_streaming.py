@@ -514,7 +514,7 @@ async def _stored(api: Api, db: Database, settings: Settings) -> tuple[Org, Resu
 
 async def test_the_store_reads_any_byte_range_in_bounded_pieces(api: Api, db: Database, settings: Settings) -> None:
     _, key, size = await _stored(api, db, settings)
-    store = PgResultStore(db.sessionmaker, part_bytes=300, piece_bytes=128)
+    store = PgResultStore(db, part_bytes=300, piece_bytes=128)
     whole = b"".join([p async for p in store.read(key)])
     assert len(whole) == size
     ranges: list[tuple[int, int | None]] = [
@@ -545,7 +545,7 @@ async def test_a_chunk_missing_midway_aborts_the_read(
             "DELETE FROM export_chunks WHERE export_id = %s AND execution_id = %s AND seq = 2",
             (key.export_id, key.execution_id),
         )
-    store = PgResultStore(db.sessionmaker)
+    store = PgResultStore(db)
     for end in (size, None):
         got = b""
         with pytest.raises(ResultMissing):

@@ -107,7 +107,7 @@ async def test_stale_worker_takeover_changes_nothing(
     assert "new task" in r.text
     assert after_b["row_count"] == 4
     # A's chunks were never published: they went when A found its lease lost; B's stay, cleanup or not.
-    store = PgResultStore(db.sessionmaker)
+    store = PgResultStore(db)
     assert [c async for c in store.read(ResultKey(oid, eid, lease_a.execution_id))] == []
     await cleanup(db, store)
     assert (await download(api, org, org.owner, export["id"])).content == r.content
@@ -248,7 +248,7 @@ async def test_queue_report_failing_after_commit_keeps_the_result(
         return outcome
 
     worker: Worker[Any] = Worker(queue, functions=[(RUN_EXPORT, run_then_lose_the_queue)], dequeue_timeout=WAIT)
-    worker.context.update({"settings": settings, "db": db, "store": PgResultStore(db.sessionmaker)})  # type: ignore[typeddict-item]
+    worker.context.update({"settings": settings, "db": db, "store": PgResultStore(db)})  # type: ignore[typeddict-item]
     with pytest.raises(PoolClosed):
         await worker.process()
     await queue.disconnect()
@@ -259,7 +259,7 @@ async def test_queue_report_failing_after_commit_keeps_the_result(
     r = await download(api, org, org.member, export["id"])
     assert r.status_code == 200 and parse_csv(r.content)[1][1] == "survives"
     # SAQ will run the job again (sweep/retry): the claim finds it completed and changes nothing.
-    ctx = {"settings": settings, "db": db, "store": PgResultStore(db.sessionmaker)}
+    ctx = {"settings": settings, "db": db, "store": PgResultStore(db)}
     assert await run_export_job(ctx, export_id=str(eid), org_id=str(oid)) == "not_claimed"
     assert snapshot(await job_row(db, org.id, eid)) == before
 
@@ -318,7 +318,7 @@ async def test_cleanup_removes_expired_results_and_orphans(
     org = await orgs.make()
     await add_tickets(db, org.id, org.member, ["x"])
     oid = uid(org.id)
-    store = PgResultStore(db.sessionmaker)
+    store = PgResultStore(db)
     short = await create_export(api, org, org.member, {"kind": "tickets_csv"})
     kept = await create_export(api, org, org.member, {"kind": "tickets_csv"})
     assert await run_export(runner(tuned(settings, export_ttl_seconds=0.001), db), uid(short["id"]), oid) == "completed"

@@ -111,7 +111,7 @@ async def test_a_result_of_packed_and_plain_chunks_reads_back_whole_and_in_any_r
     assert job.execution_id is not None
     key = ResultKey(uid(org.id), uid(export_id), job.execution_id)
     # Small pieces and parts: ranges start and end on chunk, part and piece edges and between them.
-    store = PgResultStore(db.sessionmaker, part_bytes=1000, piece_bytes=300)
+    store = PgResultStore(db, part_bytes=1000, piece_bytes=300)
     edges = sorted({0, len(body), *(k * CHUNK + d for k in range(1, len(body) // CHUNK + 1) for d in (-1, 0, 1))})
     spans = [(a, b) for a, b in itertools.pairwise(edges) if a < b]
     spans += [(a, min(len(body), a + n)) for a in (1, 299, 300, 999, 1000, CHUNK + 7) for n in (1, 300, 2 * CHUNK)]
@@ -145,7 +145,7 @@ async def test_a_damaged_packed_chunk_fails_rather_than_sending_other_bytes(
             (export_id,),
         )
     key = ResultKey(uid(org.id), uid(export_id), job.execution_id)
-    store = PgResultStore(db.sessionmaker)
+    store = PgResultStore(db)
     with pytest.raises(ResultMissing):
         _ = [p async for p in store.read(key, 0, len(body))]
 
@@ -182,7 +182,7 @@ async def test_a_packed_chunk_is_read_a_part_of_its_frame_at_a_time(
     assert frames and max(frames) > 2000
     job = await job_row(db, org.id, export["id"])
     assert job.execution_id is not None
-    store = _Counted(db.sessionmaker, part_bytes=1000, piece_bytes=250)
+    store = _Counted(db, part_bytes=1000, piece_bytes=250)
     key = ResultKey(uid(org.id), uid(export["id"]), job.execution_id)
     assert b"".join([p async for p in store.read(key)]) == body
     assert max(store.parts) <= 1000 and len(store.parts) >= sum(-(-n // 1000) for n in frames)
@@ -225,7 +225,7 @@ async def test_a_range_inside_a_packed_chunk_enters_its_frame_at_its_block(
     job = await job_row(db, org.id, export["id"])
     assert job.execution_id is not None
     key = ResultKey(uid(org.id), uid(export["id"]), job.execution_id)
-    store = _Counted(db.sessionmaker)
+    store = _Counted(db)
     a = 5 * BLOCK_BYTES + 100
     assert b"".join([p async for p in store.read(key, a, a + 10)]) == body[a : a + 10]
     assert sum(store.parts) < BLOCK_BYTES

@@ -427,7 +427,7 @@ async def test_the_store_streams_a_chunk_in_bounded_parts(
     # A download never holds more than a part of a chunk as one message (libpq keeps buffers that size).
     parts = [
         p
-        async for p in PgResultStore(db.sessionmaker, part_bytes=700).read(
+        async for p in PgResultStore(db, part_bytes=700).read(
             ResultKey(uid(org.id), uid(export["id"]), job.execution_id)
         )
     ]

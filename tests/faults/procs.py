@@ -435,4 +435,4 @@ async def published_csv(fapi: Api, org: Org, export_id: str, row: dict[str, Any]
 
 async def run_cleanup(db: Database) -> dict[str, int]:
     """The cleanup job, as the cron runs it."""
-    return await cleanup(db, PgResultStore(db.sessionmaker))
+    return await cleanup(db, PgResultStore(db))

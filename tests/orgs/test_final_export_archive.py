@@ -49,7 +49,7 @@ async def test_an_archive_that_can_no_longer_be_downloaded_does_not_count(
             assert r.status_code == 204, r.text
         case "purged_by_the_cleanup":
             await _expire(db, org, export_id)
-            await cleanup(db, PgResultStore(db.sessionmaker))
+            await cleanup(db, PgResultStore(db))
             assert (await job_row(db, org.id, export_id)).purged_at is not None
         case "expired":
             await _expire(db, org, export_id)

@@ -66,7 +66,7 @@ async def test_a_snapshot_that_can_no_longer_be_downloaded_does_not_count(
             assert_problem(await download(api, org, org.owner, export_id), 410, "export_expired")
         case "purged_by_the_cleanup":
             await _set(db, org, export_id, "expires_at = now() - interval '1 second'")
-            await cleanup(db, PgResultStore(db.sessionmaker))
+            await cleanup(db, PgResultStore(db))
             assert (await job_row(db, org.id, export_id)).purged_at is not None
         case "marked_deleted_only":
             await _set(db, org, export_id, "deleted_at = now()")

@@ -1,6 +1,6 @@
 """Database access: engines, the unit of work (the only place that commits) and the tenant context."""
 
-from space.db.driver import compiled, driver_connection, read_in_one_trip, server_version
+from space.db.driver import compiled, driver_connection, server_version
 from space.db.engine import (
     APP_ROLE,
     QUEUE_ROLE,
@@ -27,7 +27,6 @@ __all__ = [
     "compiled",
     "driver_connection",
     "queue_conninfo",
-    "read_in_one_trip",
     "server_version",
     "set_tenant",
     "sync_url",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import select
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
 from sqlalchemy import URL, make_url, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+from space.db.reads import OneTripReads, socket_open
 
 APP_ROLE = "space_app"
 """LOGIN, NOSUPERUSER, NOBYPASSRLS, owns nothing: what the API and workers connect as."""
@@ -131,22 +131,13 @@ async def check_app_role(conn: AsyncConnection) -> None:
 
 
 def _still_open(dbapi_connection: Any) -> bool:
-    """Whether a pooled connection may be handed out, as its socket says, with no round trip: an idle connection
-    has nothing to read, so anything readable (a server that restarted, shut down or ended the session says so
-    and closes the socket) means it is not, and the pool opens a new one (and renews every older one).
+    """Whether a pooled connection may be handed out, as its socket says (`reads.socket_open`), with no round trip.
 
     SQLAlchemy's own pre-ping sends `SELECT 1` and waits for it: a round trip, and about a third of the API's CPU
-    of an authorized read, at every checkout (decision 0099). A peer gone without a word (a network cut) is not
-    seen here: that connection's first statement fails (503 `unavailable`), and the pool drops it.
+    of an authorized read, at every checkout (decision 0099). An unusable connection is replaced by a new one (and
+    every older one renewed).
     """
-    connection: psycopg.AsyncConnection[Any] = dbapi_connection.driver_connection
-    if connection.closed:
-        return False
-    try:
-        readable, _, _ = select.select([connection.pgconn.socket], [], [], 0)
-    except (OSError, ValueError, psycopg.OperationalError):
-        return False
-    return not readable
+    return socket_open(dbapi_connection.driver_connection)
 
 
 @dataclass
@@ -162,6 +153,8 @@ class Database:
     """Session settings every connection starts with (libpq `options`), e.g. the API's statement_timeout."""
     engine: AsyncEngine = field(init=False)
     sessionmaker: async_sessionmaker[AsyncSession] = field(init=False)
+    reads: OneTripReads = field(init=False)
+    """Connections of their own for the reads of one round trip (the authorization, a download's parts)."""
 
     def __post_init__(self) -> None:
         connect_args: dict[str, str] = {"application_name": self.application_name}
@@ -181,7 +174,16 @@ class Database:
         # The pool's check of a connection it hands out asks the socket, not the server (decision 0099).
         self.engine.dialect.do_ping = _still_open  # type: ignore[method-assign]
         self.sessionmaker = async_sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
+        self.reads = OneTripReads(
+            make_url(self.url).set(drivername="postgresql").render_as_string(hide_password=False),
+            size=self.pool_size,
+            timeout=self.pool_timeout,
+            **connect_args,
+        )
 
     async def dispose(self) -> None:
         """Close every pooled connection."""
-        await self.engine.dispose()
+        try:
+            await self.reads.close()
+        finally:
+            await self.engine.dispose()

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Dialect, Text, and_, bindparam, exists, func, inspect, literal_column, select, true
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from space.audit.models import AuditAction, AuditEvent
 from space.audit.service import RANGE_AUDIT_SECONDS
 from space.auth.models import ApiToken, User
 from space.auth.service import Principal, bearer_hash, unknown_token
-from space.db import Tenant, driver_connection, read_in_one_trip, tenant_statement
+from space.db import Database, Tenant
+from space.db.reads import Read
 from space.destinations.models import OUTBOX_TO_DELIVERY, DestinationDelivery
 from space.destinations.schemas import Delivery
 from space.errors import LinkInvalid, NotFound
@@ -139,7 +139,7 @@ def _entity(cls: type[Any], attributes: list[tuple[Any, str]], values: Any) -> A
 
 
 async def authorize(
-    engine: AsyncEngine,
+    db: Database,
     org_id: uuid.UUID,
     export_id: uuid.UUID,
     *,
@@ -154,24 +154,20 @@ async def authorize(
     revoked token). `link_id`: also whether that link's ranges were audited within the minute. `with_delivery`:
     also the export's latest delivery (else `delivery` is None). `opening`: a read's first part (of this org's
     bytes), fetched in the same round trip into `opening.rows`, for the caller to use only if authorized."""
-    sql, params = _compiled(engine.dialect, link_user is not None, with_delivery)
+    sql, params = _compiled(db.engine.dialect, link_user is not None, with_delivery)
     params = {**params, "org": org_id, "export": export_id, "link": link_id}
     if link_user is None:
         params["hash"] = token_hash
     else:
         params["user"], params["token"] = link_user
-    tenant_sql, tenant_params = tenant_statement(engine.dialect, Tenant(org_id=org_id))
     if opening is not None and opening.key.org_id != org_id:
         raise ValueError("an opening of another org's bytes")  # the tenant setting is this org's
-    async with engine.connect() as pooled:
-        conn = await driver_connection(pooled)
-        # Binary, as the store reads its parts: the bytes as they are stored.
-        async with conn.cursor() as tenant, conn.cursor() as cur, conn.cursor(binary=True) as part:
-            more = [] if opening is None else [(part, opening.statement, opening.params)]
-            await read_in_one_trip(conn, tenant, (tenant_sql, tenant_params), cur, sql, params, *more)
-            row = await cur.fetchone()
-            if opening is not None:
-                opening.rows = await part.fetchall()
+    # The part in binary, as the store reads its parts: the bytes as they are stored.
+    more = [] if opening is None else [Read(opening.statement, opening.params, binary=True)]
+    rows, *part = await db.reads.read(Tenant(org_id=org_id), Read(sql, params), *more)
+    if opening is not None:
+        opening.rows = part[0]
+    row = rows[0] if rows else None
     if row is None:
         return None
     principal = Principal(user_id=row[0], email=row[1], name=row[2], token_id=row[3])
@@ -214,13 +210,13 @@ def _path_id(value: str) -> uuid.UUID:
 
 
 async def by_bearer(
-    engine: AsyncEngine, authorization: str | None, org_id: str, export_id: str, *, with_delivery: bool = False
+    db: Database, authorization: str | None, org_id: str, export_id: str, *, with_delivery: bool = False
 ) -> tuple[Access, Organization]:
     """The bearer token's caller and their export: 401 for no, a malformed, unknown or revoked token; 404 when
     the org is not there (or deleted), as every org route answers. `with_delivery`: the export's latest delivery
     too (the status GET)."""
     found = await authorize(
-        engine,
+        db,
         _path_id(org_id),
         _path_id(export_id),
         token_hash=bearer_hash(authorization),
@@ -232,14 +228,14 @@ async def by_bearer(
 
 
 async def by_link(
-    engine: AsyncEngine, grant: LinkGrant, *, ranged: bool, opening: Opening | None = None
+    db: Database, grant: LinkGrant, *, ranged: bool, opening: Opening | None = None
 ) -> tuple[Access, Organization]:
     """A verified link's user and their export (the link names both ids): `link_invalid` when the user or the
     bearer token the link was minted with is gone or revoked; 404 when the org is. `ranged`: a `Range` was
     asked, so whether the link's ranges were audited this minute is asked too. `opening`: the range's first part,
     fetched in the same round trip (see `authorize`)."""
     found = await authorize(
-        engine,
+        db,
         grant.org_id,
         grant.export_id,
         link_user=(grant.user_id, grant.token_id),

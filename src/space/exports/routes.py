@@ -258,7 +258,7 @@ class ExportController(Controller):
     ) -> Export:
         """One of the caller's exports."""
         found, org = await access.by_bearer(
-            db.engine, request.headers.get("authorization"), org_id, export_id, with_delivery=True
+            db, request.headers.get("authorization"), org_id, export_id, with_delivery=True
         )
         return service.export_of(org, found.membership, found.job, found.now, found.delivery)
 
@@ -324,7 +324,7 @@ class ExportController(Controller):
         # A link token is no bearer token (those are looked up by hash) and a bearer token no link (not signed).
         opening = None
         if link is None:
-            found, org = await access.by_bearer(db.engine, request.headers.get("authorization"), org_id, export_id)
+            found, org = await access.by_bearer(db, request.headers.get("authorization"), org_id, export_id)
             if token is not None:
                 # Both at once is 400, but only once the bearer token checked out (else 401, as everywhere).
                 raise InvalidRequest("token: send a download link's token or an Authorization header, not both.")
@@ -332,7 +332,7 @@ class ExportController(Controller):
             # A range's first part comes with the authorization, in its round trip (used only if it allows it).
             key = ResultKey(link.org_id, link.export_id, link.execution_id)
             opening = first_part(store, key, request)
-            found, org = await access.by_link(db.engine, link, ranged="range" in request.headers, opening=opening)
+            found, org = await access.by_link(db, link, ranged="range" in request.headers, opening=opening)
         user_id, ip = found.principal.user_id, request_ip(request)
         download = service.downloadable(
             org,

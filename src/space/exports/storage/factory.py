@@ -21,7 +21,7 @@ async def open_result_store(settings: Settings, db: Database) -> AsyncIterator[R
 
         store = S3ResultStore(db, S3Location.parse(settings.result_store), redirect=settings.result_redirect)
     else:
-        store = PgResultStore(db.sessionmaker)
+        store = PgResultStore(db)
     try:
         yield store
     finally:

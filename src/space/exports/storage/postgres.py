@@ -27,9 +27,10 @@ from typing import Any, TypeVar
 
 import lz4.frame
 from sqlalchemy import Insert, delete, insert, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from space.db import Tenant, UnitOfWork, driver_connection, read_in_one_trip, set_tenant, tenant_statement
+from space.db import Database, Tenant, UnitOfWork, set_tenant
+from space.db.reads import Read
 from space.exports import ledger
 from space.exports.models import ExportChunk
 from space.exports.storage.protocol import READ_PIECE_BYTES, ChunkSink, Opening, ResultKey, ResultMissing
@@ -189,12 +190,13 @@ class PgResultStore:
 
     def __init__(
         self,
-        sessionmaker: async_sessionmaker[AsyncSession],
+        db: Database,
         *,
         part_bytes: int = READ_PART_BYTES,
         piece_bytes: int = READ_PIECE_BYTES,
     ) -> None:
-        self._sessionmaker = sessionmaker
+        self._db = db
+        self._sessionmaker = db.sessionmaker
         self._part_bytes = part_bytes
         self._piece_bytes = min(piece_bytes, part_bytes)
         self._chunk_sizes: dict[ResultKey, int] = {}
@@ -216,8 +218,7 @@ class PgResultStore:
     @contextlib.asynccontextmanager
     async def sink(self, key: ResultKey) -> AsyncIterator[ChunkSink]:
         """Chunk writes on a connection of their own, closed at the end (its buffer grew to a chunk)."""
-        engine: AsyncEngine = self._sessionmaker.kw["bind"]
-        async with engine.connect() as conn:
+        async with self._db.engine.connect() as conn:
             try:
                 yield _PgSink(conn, key)
             finally:
@@ -366,21 +367,14 @@ class PgResultStore:
 
     async def _query(self, query: str, bound: dict[str, Any]) -> list[tuple[Any, ...]]:
         """One read-only statement in its own short transaction under the org's context (`bound["org"]`), rows in
-        binary.
+        binary (the bytes as they are stored, not as hex text twice their size).
 
-        A download runs one per part, so the transaction is one round trip: BEGIN, the tenant setting (still
-        transaction-local), the query and COMMIT go out as one psycopg pipeline. Through a unit of work they
-        would be four round trips and about a quarter more of the API's CPU per part; nothing here writes, so
-        there is nothing for a unit of work to commit.
+        A download runs one per part, so the transaction is one round trip (`db.reads`): the tenant setting and
+        the query in one pipeline on a connection in autocommit, one implicit transaction up to its Sync. Through a
+        unit of work they would be four round trips; nothing here writes, so there is nothing for one to commit.
         """
-        engine: AsyncEngine = self._sessionmaker.kw["bind"]
-        tenant_sql, tenant_params = tenant_statement(engine.dialect, Tenant(org_id=bound["org"]))
-        async with engine.connect() as pooled:
-            conn = await driver_connection(pooled)
-            # Binary: the bytes come as they are stored, not as hex text twice their size.
-            async with conn.cursor() as tenant, conn.cursor(binary=True) as cur:
-                await read_in_one_trip(conn, tenant, (tenant_sql, tenant_params), cur, query, bound)
-                return await cur.fetchall()
+        (rows,) = await self._db.reads.read(Tenant(org_id=bound["org"]), Read(query, bound, binary=True))
+        return rows
 
 
 class _Expanding:
