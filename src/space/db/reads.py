@@ -72,19 +72,18 @@ class OneTripReads:
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._closed = False
 
-    async def read(self, tenant: Tenant, *reads: Read) -> list[list[tuple[Any, ...]]]:
+    async def read(self, tenant: Tenant, first: Read, *more: Read) -> list[list[tuple[Any, ...]]]:
         """Each statement's rows, all run in one transaction under `tenant` (one pipeline, one Sync). A failure
         rolls that transaction back and is raised; the connection it happened on is dropped."""
+        reads = (first, *more)
         async with self._connection() as conn:
             cursors = [conn.cursor(binary=r.binary) for r in reads]
-            async with conn.cursor() as setting, conn.pipeline():
-                await setting.execute(TENANT_SQL, tenant_params(tenant))
+            async with conn.pipeline():
+                # On the first statement's cursor: a cursor keeps the rows of its last statement only.
+                await cursors[0].execute(TENANT_SQL, tenant_params(tenant))
                 for cur, r in zip(cursors, reads, strict=True):
                     await cur.execute(r.sql, r.params)
-            rows = [await cur.fetchall() for cur in cursors]
-            for cur in cursors:
-                await cur.close()
-            return rows
+            return [await cur.fetchall() for cur in cursors]
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:

@@ -29,7 +29,7 @@ from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import ASGIApp, HTTPResponseBodyEvent, Message, Receive, Scope, Send
 
 from space.errors import Busy, RangeNotSatisfiable
-from space.exports.storage.protocol import Opening, Opens, ResultKey, ResultStore
+from space.exports.storage.protocol import Opening, ResultKey, ResultStore, opens
 
 if TYPE_CHECKING:
     from space.exports.service import Download
@@ -111,7 +111,7 @@ def first_part(store: ResultStore, key: ResultKey, request: Request[Any, Any, An
     authorization's round trip to fetch; None for anything else (no range, an open or suffix one, a conditional
     request), which reads its first part as every later one, once authorized."""
     headers = request.headers
-    if request.method != "GET" or "if-range" in headers or "if-none-match" in headers or not isinstance(store, Opens):
+    if request.method != "GET" or "if-range" in headers or "if-none-match" in headers or not opens(store):
         return None
     m = _ONE_RANGE.fullmatch((headers.get("range") or "").strip())
     if m is None or not m.group(1) or not m.group(2) or int(m.group(2)) < int(m.group(1)):

@@ -44,7 +44,7 @@ from space.exports.links import LinkGrant, LinkSigner
 from space.exports.models import FAILED_STATES, ExportJob, ExportScope, ExportState
 from space.exports.queue import enqueue_quietly
 from space.exports.schemas import Export, ExportCreate, ExportCreator, ExportPage, Link, OrgExport
-from space.exports.storage.protocol import Opening, Opens, Redirecting, ResultKey, ResultMissing, ResultStore
+from space.exports.storage.protocol import Opening, Redirecting, ResultKey, ResultMissing, ResultStore, opens
 from space.orgs import service as orgs
 from space.orgs.models import Membership, Organization, OrgState, Role
 
@@ -459,7 +459,7 @@ class Download:
         a time (the first from `opened` when it is this read's); a result that ends short of them aborts
         (ResultMissing)."""
         stop = self.byte_size if end is None else end
-        if self.opened is not None and isinstance(self.store, Opens):
+        if self.opened is not None and opens(self.store):
             return _checked(self.store.read(self.key, start, stop, opened=self.opened), stop - start)
         return _checked(self.store.read(self.key, start, stop), stop - start)
 
@@ -468,7 +468,8 @@ class Download:
 
         Call it only after authorizing (`open_result`): the URL is the result, to whoever holds it.
         """
-        if not isinstance(self.store, Redirecting) or not self.store.redirect:
+        # The attribute first: it is cheaper than the protocol's check, which every download would pay.
+        if not getattr(self.store, "redirect", False) or not isinstance(self.store, Redirecting):
             return None
         # The stored object knows nothing of text: say the charset as the API's own answer does.
         return await self.store.presign(self.key, filename=self.filename, media_type=self.content_type)
