@@ -24,7 +24,9 @@ Uses DATABASE_URL when set (a superuser/owner URL), else an embedded server in a
    ranges through that link (one after another, and 8 at a time), in a fresh `space api` (median of 3 rounds; `--links-only`
    runs just this case, on a database of its own); then the same file the same ways from `benchmarks.floor`, a bare
    Litestar app serving it from memory (`floor_*`: what the stack and the client cost per range before Space does
-   anything);
+   anything); and where the CPU went meanwhile (`bearer_*_s`, `segments_*_s`: seconds of the API, of every
+   PostgreSQL process and of the bench's own client during the whole download and the 8 segments; on 2 cores their
+   sum against the wall time says how busy the machine was);
 6. `space up` (API and worker in one process, one event loop): the 1M tickets export again while the
    status route is polled back to back; its latencies show whether the export blocks the event loop;
 7. workers_scaling (`benchmarks.scaling`): 8 orgs of 500,000 tickets, one CSV export each asked at once, with
@@ -72,6 +74,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import socket
 import statistics
 import subprocess
@@ -525,10 +528,32 @@ async def _ranges(client: httpx.AsyncClient, url: str, fd: int, bounds: list[tup
     return sum(await asyncio.gather(*(segment() for _ in range(at_once))))
 
 
+def _pid_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
     """The CPU a live child has used so far (user + system), from its own counters in /proc/<pid>/stat."""
-    fields = Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _pid_cpu_seconds(proc.pid)
+
+
+def database_cpu_seconds() -> float:
+    """The CPU every PostgreSQL process on this machine has used so far (the server's backends and its own
+    processes; the bench's machine runs nothing else on it)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):  # a backend that ended meanwhile
+                if (entry / "comm").read_text().strip() == "postgres":
+                    total += _pid_cpu_seconds(int(entry.name))
+    return total
+
+
+def own_cpu_seconds() -> float:
+    """The CPU this process (the bench's client) has used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 async def request_cpu_ms(
@@ -546,29 +571,48 @@ async def request_cpu_ms(
     return statistics.median(per_request)
 
 
+_CLOCKS = ("seconds", "server_cpu", "database_cpu", "client_cpu")
+"""What a download round measures: its wall time, then the CPU seconds the server process, every PostgreSQL
+process and the bench's own client used meanwhile (on 2 cores, their sum over the wall time says how busy the
+machine was)."""
+
+
 async def _download_rounds(
-    client: httpx.AsyncClient, out: Path, size: int, whole: dict[str, tuple[str, dict[str, str]]], ranged: str
-) -> dict[str, float]:
-    """Median seconds of LINK_ROUNDS rounds, each downloading `size` bytes into `out` once per `whole` entry
-    (name: url and headers), then as RANGES ranges of `ranged`, one after another and SEGMENTS at a time."""
+    client: httpx.AsyncClient,
+    server: subprocess.Popen[bytes],
+    out: Path,
+    size: int,
+    whole: dict[str, tuple[str, dict[str, str]]],
+    ranged: str,
+) -> dict[str, dict[str, float]]:
+    """Medians of LINK_ROUNDS rounds (each of _CLOCKS), each downloading `size` bytes from `server` into `out`
+    once per `whole` entry (name: url and headers), then as RANGES ranges of `ranged`, one after another and
+    SEGMENTS at a time."""
     step = size // RANGES
     bounds = [(i * step, size - 1 if i == RANGES - 1 else (i + 1) * step - 1) for i in range(RANGES)]
-    times: dict[str, list[float]] = {name: [] for name in [*whole, "ranges", "ranges_parallel"]}
+    rounds: dict[str, list[tuple[float, ...]]] = {name: [] for name in [*whole, "ranges", "ranges_parallel"]}
     fd = os.open(out, os.O_WRONLY | os.O_CREAT, 0o600)
+
+    def clocks() -> tuple[float, ...]:
+        return time.perf_counter(), cpu_seconds(server), database_cpu_seconds(), own_cpu_seconds()
+
     try:
         await _get_into(client, ranged, fd, 0, {})  # warm-up
         for _ in range(LINK_ROUNDS):
-            for name in times:
-                started = time.perf_counter()
+            for name, measured in rounds.items():
+                before = clocks()
                 if name in whole:
                     got = await _get_into(client, whole[name][0], fd, 0, whole[name][1])
                 else:
                     got = await _ranges(client, ranged, fd, bounds, 1 if name == "ranges" else SEGMENTS)
-                times[name].append(time.perf_counter() - started)
+                measured.append(tuple(b - a for a, b in zip(before, clocks(), strict=True)))
                 assert got == size, (name, got, size)
     finally:
         os.close(fd)
-    return {name: statistics.median(v) for name, v in times.items()}
+    return {
+        name: {clock: statistics.median(r[i] for r in measured) for i, clock in enumerate(_CLOCKS)}
+        for name, measured in rounds.items()
+    }
 
 
 async def link_downloads(url: str, org: Org, export_id: str, tmp: Path) -> dict[str, Any]:
@@ -588,7 +632,7 @@ async def link_downloads(url: str, org: Org, export_id: str, tmp: Path) -> dict[
             r = await client.post(f"/orgs/{org.id}/exports/{export_id}/links", headers=auth)
             r.raise_for_status()
             link = r.json()["url"]
-            space = await _download_rounds(client, out, size, {"bearer": (result, auth), "link": (link, {})}, link)
+            space = await _download_rounds(client, api, out, size, {"bearer": (result, auth), "link": (link, {})}, link)
             status_path = f"/orgs/{org.id}/exports/{export_id}"
             status_cpu = await request_cpu_ms(client, api, status_path, auth, 200)
             range_cpu = await request_cpu_ms(client, api, link, {"Range": "bytes=0-0"}, 206)
@@ -600,7 +644,9 @@ async def link_downloads(url: str, org: Org, export_id: str, tmp: Path) -> dict[
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
             await wait_healthy(client, floor, "/file")
-            bare = await _download_rounds(client, tmp / "floor-download", size, {"whole": ("/file", {})}, "/file")
+            bare = await _download_rounds(
+                client, floor, tmp / "floor-download", size, {"whole": ("/file", {})}, "/file"
+            )
             floor_cpu = await request_cpu_ms(client, floor, "/file", {"Range": "bytes=0-0"}, 206)
     finally:
         stop(floor)
@@ -609,22 +655,30 @@ async def link_downloads(url: str, org: Org, export_id: str, tmp: Path) -> dict[
         "case": "link_downloads_1m",
         "bytes": size,
         "ranges": RANGES,
-        "bearer_seconds": space["bearer"],
-        "link_seconds": space["link"],
-        "ranges_seconds": space["ranges"],
+        "bearer_seconds": space["bearer"]["seconds"],
+        "link_seconds": space["link"]["seconds"],
+        "ranges_seconds": space["ranges"]["seconds"],
         "segments": SEGMENTS,
-        "ranges_parallel_seconds": space["ranges_parallel"],
-        "link_ratio": space["link"] / space["bearer"],
-        "ranges_ratio": space["ranges"] / space["bearer"],
-        "ranges_parallel_ratio": space["ranges_parallel"] / space["bearer"],
-        "floor_seconds": bare["whole"],
-        "floor_ranges_ratio": bare["ranges"] / bare["whole"],
-        "floor_ranges_parallel_ratio": bare["ranges_parallel"] / bare["whole"],
+        "ranges_parallel_seconds": space["ranges_parallel"]["seconds"],
+        "link_ratio": space["link"]["seconds"] / space["bearer"]["seconds"],
+        "ranges_ratio": space["ranges"]["seconds"] / space["bearer"]["seconds"],
+        "ranges_parallel_ratio": space["ranges_parallel"]["seconds"] / space["bearer"]["seconds"],
+        "floor_seconds": bare["whole"]["seconds"],
+        "floor_ranges_ratio": bare["ranges"]["seconds"] / bare["whole"]["seconds"],
+        "floor_ranges_parallel_ratio": bare["ranges_parallel"]["seconds"] / bare["whole"]["seconds"],
         "status_cpu_ms": status_cpu,
         "range_cpu_ms": range_cpu,
         "floor_cpu_ms": floor_cpu,
         "status_above_floor_ms": status_cpu - floor_cpu,
         "range_above_floor_ms": range_cpu - floor_cpu,
+        # Where the CPU went (seconds, medians of the rounds): the API, PostgreSQL and the bench's client during
+        # the whole download and the 8 segments, and the floor's server and client during its segments.
+        **{
+            f"{phase}_{who}_s": space[name][f"{who}_cpu"]
+            for phase, name in (("bearer", "bearer"), ("segments", "ranges_parallel"))
+            for who in ("server", "database", "client")
+        },
+        **{f"floor_segments_{who}_s": bare["ranges_parallel"][f"{who}_cpu"] for who in ("server", "client")},
     }
 
 
