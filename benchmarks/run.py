@@ -528,9 +528,17 @@ async def _ranges(client: httpx.AsyncClient, url: str, fd: int, bounds: list[tup
     return sum(await asyncio.gather(*(segment() for _ in range(at_once))))
 
 
-def _pid_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command's name (the 3rd field, `state`, is index 0)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
+def _pid_cpu_seconds(pid: int, *, reaped: bool = False) -> float:
+    fields = _stat(pid)
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    if reaped:
+        ticks += int(fields[13]) + int(fields[14])  # cutime, cstime: its children that ended, once waited for
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
@@ -539,14 +547,19 @@ def cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
 
 
 def database_cpu_seconds() -> float:
-    """The CPU every PostgreSQL process on this machine has used so far (the server's backends and its own
-    processes; the bench's machine runs nothing else on it)."""
-    total = 0.0
+    """The CPU PostgreSQL has used so far on this machine: every live postgres process, and for the postmaster
+    also its backends that ended (their CPU is added to its children's counters when it reaps them). The bench's
+    machine runs nothing else on the server meanwhile."""
+    postgres: dict[int, int] = {}  # pid: parent pid
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            with contextlib.suppress(OSError):  # a backend that ended meanwhile
+            with contextlib.suppress(OSError, IndexError):  # a backend that ended meanwhile
                 if (entry / "comm").read_text().strip() == "postgres":
-                    total += _pid_cpu_seconds(int(entry.name))
+                    postgres[int(entry.name)] = int(_stat(int(entry.name))[1])
+    total = 0.0
+    for pid, parent in postgres.items():
+        with contextlib.suppress(OSError, IndexError):
+            total += _pid_cpu_seconds(pid, reaped=parent not in postgres)
     return total
 
 

@@ -32,6 +32,8 @@ from tests.helpers import UserFactory, assert_problem
 WAIT = 15.0
 POOL_CONNECTIONS = 20
 """What the app's pool holds at most: pool_size 10 plus max_overflow 10 (space.db.Database)."""
+READS_CONNECTIONS = 10
+"""What the app's reads of one trip hold at most: pool_size (space.db.Database.reads)."""
 
 
 def _assert_unavailable(r: Any) -> None:
@@ -68,6 +70,20 @@ async def test_a_pool_with_no_connection_to_spare_answers_503(settings: Settings
             for conn in held:
                 await conn.close()
         assert (await _me(client, user)).status_code == 200
+
+
+async def test_reads_of_one_trip_with_no_connection_to_spare_answer_503(settings: Settings, users: UserFactory) -> None:
+    """The status GET's authorization runs on `db.reads`, a pool of its own (decision 0105): it too answers 503."""
+    user = await users.make("reads")
+    status = f"/orgs/{uuid.uuid4()}/exports/{uuid.uuid4()}"  # authorized in the trip before anything is looked up
+    async with AsyncTestClient(app=create_app(tuned(settings, api_pool_timeout_seconds=0.2))) as client:
+        assert (await client.get(status, headers=user.headers)).status_code == 404
+        reads = client.app.state.db.reads
+        async with contextlib.AsyncExitStack() as held:
+            for _ in range(READS_CONNECTIONS):
+                await held.enter_async_context(reads.connection())
+            _assert_unavailable(await client.get(status, headers=user.headers))
+        assert (await client.get(status, headers=user.headers)).status_code == 404
 
 
 # --- the server refuses more connections of the role ----------------------------------------------------------

@@ -26,6 +26,7 @@ from litestar.types import (
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from space.db.reads import TripTimeout
 from space.errors import (
     TIMEOUT_RETRY_AFTER,
     UNAVAILABLE_RETRY_AFTER,
@@ -148,7 +149,7 @@ _UNAVAILABLE_SQLSTATES = ("08", "53", "57P")
 
 def _unavailable(cause: BaseException | None) -> bool:
     """Whether `cause` says the database had no connection to give (not that the request was wrong)."""
-    if isinstance(cause, PoolTimeout):
+    if isinstance(cause, (PoolTimeout, TripTimeout)):
         return True
     if not isinstance(cause, psycopg.OperationalError):
         return False
@@ -193,6 +194,7 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     DBAPIError: _database_error,
     psycopg.Error: _database_error,
     PoolTimeout: _database_error,
+    TripTimeout: _database_error,
     Exception: _unexpected,
 }
 

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from space.db import Tenant
-from space.db.reads import OneTripReads, Read, TripTimeout
-from tests.exports.fixtures import WAIT
+from space.db.reads import OneTripReads, Read, TripTimeout, socket_open
+from tests.exports.fixtures import WAIT, wait_for
 from tests.exports.limits_fixtures import lock_holder, wait_queued
 from tests.helpers import app_database, free_port
 
@@ -69,3 +69,23 @@ async def test_a_database_that_cannot_be_reached_fails_the_read_at_once() -> Non
         with pytest.raises(psycopg.OperationalError):
             await reads.read(Tenant(org_id=ORG), Read("SELECT 1", {}))
     await reads.close()
+
+
+async def test_a_connection_the_server_ended_is_replaced_and_a_closed_pool_opens_new_ones(owner_url: str) -> None:
+    async with app_database(owner_url, "space-one-trip", pool_size=1) as db:
+        await db.reads.read(Tenant(org_id=ORG), Read("SELECT 1", {}))
+        (ended,) = db.reads._idle
+        async with await psycopg.AsyncConnection.connect(owner_url, autocommit=True) as owner:
+            await owner.execute("SELECT pg_terminate_backend(%s)", (ended.info.backend_pid,))
+
+        async def told() -> bool:
+            return not socket_open(ended)
+
+        await wait_for(told, "the server's goodbye on the ended connection's socket")
+        assert await db.reads.read(Tenant(org_id=ORG), Read("SELECT 3", {})) == [[(3,)]]
+        (replacement,) = db.reads._idle
+        assert replacement is not ended and ended.closed
+        await db.reads.close()
+        assert replacement.closed and db.reads._idle == []
+        assert await db.reads.read(Tenant(org_id=ORG), Read("SELECT 4", {})) == [[(4,)]]
+        assert len(db.reads._idle) == 1  # kept again: closing is not for good

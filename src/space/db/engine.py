@@ -148,7 +148,8 @@ class Database:
     application_name: str = "space"
     pool_size: int = 10
     pool_timeout: float = 30.0
-    """Seconds a caller waits for a free pooled connection before SQLAlchemy's TimeoutError."""
+    """Seconds a caller waits for a free pooled connection: SQLAlchemy's TimeoutError, or `reads.TripTimeout` for a
+    read of one trip."""
     server_settings: dict[str, str] = field(default_factory=dict)
     """Session settings every connection starts with (libpq `options`), e.g. the API's statement_timeout."""
     engine: AsyncEngine = field(init=False)

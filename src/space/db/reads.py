@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import select
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, NamedTuple
@@ -26,12 +27,14 @@ import psycopg
 import psycopg.conninfo
 from psycopg.pq import TransactionStatus
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
-from sqlalchemy.exc import TimeoutError as SqlAlchemyPoolTimeout
 
-from space.db.uow import Tenant, tenant_params, tenant_statement
+from space.db.uow import Tenant, tenant_statement
 
-TENANT_SQL = tenant_statement(PGDialect_psycopg(), Tenant())[0]  # type: ignore[no-untyped-call]
-"""`uow.set_tenant` in the driver's own parameter style."""
+
+@functools.cache
+def _dialect() -> PGDialect_psycopg:
+    """The driver's dialect, made once when first asked: `uow.set_tenant`'s statement in psycopg's own style."""
+    return PGDialect_psycopg()  # type: ignore[no-untyped-call]
 
 
 class Read(NamedTuple):
@@ -43,9 +46,9 @@ class Read(NamedTuple):
     binary: bool = False
 
 
-class TripTimeout(SqlAlchemyPoolTimeout):
-    """Every connection of the pool was busy for the whole timeout: answered as SQLAlchemy's pool timeout is (503
-    `unavailable`)."""
+class TripTimeout(Exception):
+    """Every connection of the pool was busy for the whole timeout: answered 503 `unavailable`, as a timeout of
+    SQLAlchemy's pool is (`problems`)."""
 
 
 def socket_open(conn: psycopg.AsyncConnection[Any]) -> bool:
@@ -55,11 +58,13 @@ def socket_open(conn: psycopg.AsyncConnection[Any]) -> bool:
     connection's first statement fails (503 `unavailable`), and it is dropped."""
     if conn.closed:
         return False
+    # poll, not select: a busy process's descriptors pass select's limit (1024), which would fail every check.
+    poller = select.poll()
     try:
-        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+        poller.register(conn.pgconn.socket, select.POLLIN)
+        return not poller.poll(0)
     except (OSError, ValueError, psycopg.OperationalError):
         return False
-    return not readable
 
 
 class OneTripReads:
@@ -70,29 +75,37 @@ class OneTripReads:
         self._timeout = timeout
         self._free = asyncio.Semaphore(size)
         self._idle: list[psycopg.AsyncConnection[Any]] = []
-        self._closed = False
+        self._generation = 0
+        """Bumped by `close`: a connection handed out before is closed when it comes back, not kept."""
 
     async def read(self, tenant: Tenant, first: Read, *more: Read) -> list[list[tuple[Any, ...]]]:
         """Each statement's rows, all run in one transaction under `tenant` (one pipeline, one Sync). A failure
         rolls that transaction back and is raised; the connection it happened on is dropped."""
         reads = (first, *more)
-        async with self._connection() as conn:
+        setting = tenant_statement(_dialect(), tenant)
+        async with self.connection() as conn:
             cursors = [conn.cursor(binary=r.binary) for r in reads]
             async with conn.pipeline():
                 # On the first statement's cursor: a cursor keeps the rows of its last statement only.
-                await cursors[0].execute(TENANT_SQL, tenant_params(tenant))
+                await cursors[0].execute(*setting)
                 for cur, r in zip(cursors, reads, strict=True):
                     await cur.execute(r.sql, r.params)
             return [await cur.fetchall() for cur in cursors]
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """One of the pool's connections (in autocommit), for one trip; TripTimeout when none is free in time.
+
+        A trip cancelled while its statements run (a client gone during its authorization) holds its place until
+        psycopg has asked the server to cancel them (at most a few seconds), then its connection is closed.
+        """
         try:
             async with asyncio.timeout(self._timeout):
                 await self._free.acquire()
         except TimeoutError:
             raise TripTimeout(f"no connection free for a read within {self._timeout} s") from None
         conn: psycopg.AsyncConnection[Any] | None = None
+        generation = self._generation
         try:
             while self._idle and conn is None:
                 candidate = self._idle.pop()
@@ -112,15 +125,16 @@ class OneTripReads:
             raise
         finally:
             if conn is not None:
-                if self._closed or conn.info.transaction_status != TransactionStatus.IDLE:
+                if generation != self._generation or conn.info.transaction_status != TransactionStatus.IDLE:
                     await conn.close()
                 else:
                     self._idle.append(conn)
             self._free.release()
 
     async def close(self) -> None:
-        """Close the idle connections; one in use is closed when its trip ends."""
-        self._closed = True
+        """Close the idle connections; one in use is closed when its trip ends. Reads after it open new ones (as
+        a disposed SQLAlchemy engine does)."""
+        self._generation += 1
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.close()

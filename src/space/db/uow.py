@@ -33,7 +33,7 @@ _SET_TENANT = text(
 )
 
 
-def tenant_params(tenant: Tenant) -> dict[str, str]:
+def _tenant_params(tenant: Tenant) -> dict[str, str]:
     def s(v: uuid.UUID | None) -> str:
         return "" if v is None else str(v)
 
@@ -42,12 +42,13 @@ def tenant_params(tenant: Tenant) -> dict[str, str]:
 
 async def set_tenant(conn: AsyncSession | AsyncConnection, tenant: Tenant) -> None:
     """Set the RLS context for the current transaction only (is_local = true): it ends with it."""
-    await conn.execute(_SET_TENANT, tenant_params(tenant))
+    await conn.execute(_SET_TENANT, _tenant_params(tenant))
 
 
 def tenant_statement(dialect: Dialect, tenant: Tenant) -> tuple[str, dict[str, str]]:
-    """`set_tenant` as the driver's SQL and parameters, for a transaction run on the psycopg connection itself."""
-    return _driver_sql(dialect), tenant_params(tenant)
+    """`set_tenant` as the driver's SQL and parameters, for a transaction run on a psycopg connection itself
+    (`reads`)."""
+    return _driver_sql(dialect), _tenant_params(tenant)
 
 
 @functools.cache

@@ -5,8 +5,9 @@ The status GET and the result route ask one statement everything SPEC §6 needs,
 org's state, the caller's membership, their export's row and the database's now. Nothing of it is cached: a
 removed member, a revoked token or a deleting org is refused by the very next request.
 
-It runs like the result store's part reads: on a pooled connection's psycopg connection, in one pipeline
-(BEGIN, the org's tenant setting, the statement, COMMIT), under RLS as the app role. Through a unit of work it
+It runs like the result store's part reads: one read of `db.reads` (the org's tenant setting and the statement in
+one pipeline, one implicit transaction up to its Sync; decision 0105), under RLS as the app role. Through a unit of
+work it
 was a transaction for the bearer token and another for the org, membership and row: eight to ten round trips
 and most of a status GET's CPU (decision 0099). The statement is compiled once per process.
 

@@ -196,13 +196,12 @@ class PgResultStore:
         piece_bytes: int = READ_PIECE_BYTES,
     ) -> None:
         self._db = db
-        self._sessionmaker = db.sessionmaker
         self._part_bytes = part_bytes
         self._piece_bytes = min(piece_bytes, part_bytes)
         self._chunk_sizes: dict[ResultKey, int] = {}
 
     def _uow(self, key: ResultKey) -> UnitOfWork:
-        return UnitOfWork(self._sessionmaker, Tenant(org_id=key.org_id))
+        return UnitOfWork(self._db.sessionmaker, Tenant(org_id=key.org_id))
 
     def chunk_bytes(self, configured: int) -> int:
         """The configured size: a chunk is a row."""
@@ -243,7 +242,7 @@ class PgResultStore:
     async def sweep(self, limit: int = 500) -> dict[str, int]:
         """Delete the chunks of executions that are neither running nor published and kept (cross-org: through
         the maintenance function `space_exports_orphan_executions`)."""
-        async with UnitOfWork(self._sessionmaker) as uow:
+        async with UnitOfWork(self._db.sessionmaker) as uow:
             orphans = await ledger.orphan_executions(uow.session, limit)
         chunks = 0
         for export_id, org_id, execution_id in orphans:

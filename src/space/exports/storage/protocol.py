@@ -124,7 +124,8 @@ class Opens(Protocol):
 
 def opens(store: object) -> TypeGuard[Opens]:
     """`isinstance(store, Opens)`, answered once per store class: a runtime protocol's check walks its members
-    (about 5 µs), and a link's every range asks."""
+    (about 5 µs), and a link's every range asks. The class's methods decide (Opens has no data members), so a
+    store that gained `opening` on an instance only would not count."""
     cls = type(store)
     known = _OPENS.get(cls)
     if known is None:
