@@ -7,9 +7,8 @@ removed member, a revoked token or a deleting org is refused by the very next re
 
 It runs like the result store's part reads: one read of `db.reads` (the org's tenant setting and the statement in
 one pipeline, one implicit transaction up to its Sync; decision 0105), under RLS as the app role. Through a unit of
-work it
-was a transaction for the bearer token and another for the org, membership and row: eight to ten round trips
-and most of a status GET's CPU (decision 0099). The statement is compiled once per process.
+work it was a transaction for the bearer token and another for the org, membership and row: eight to ten round
+trips and most of a status GET's CPU (decision 0099). The statement is compiled once per process.
 
 A link's ranged request also learns here whether the link's ranges were audited within the minute (SPEC §25):
 then the audit trail has its row and the request writes none, with no transaction of its own. And its first part
@@ -168,9 +167,9 @@ async def authorize(
     rows, *part = await db.reads.read(Tenant(org_id=org_id), Read(sql, params), *more)
     if opening is not None:
         opening.rows = part[0]
-    row = rows[0] if rows else None
-    if row is None:
+    if not rows:
         return None
+    row = rows[0]
     principal = Principal(user_id=row[0], email=row[1], name=row[2], token_id=row[3])
     at = 4
     org_values, at = row[at : at + len(_ORG)], at + len(_ORG)
